@@ -1,0 +1,69 @@
+"""The kinds of finding, one exception type each, so a crash-deduplicating fuzzer groups
+them by type and location (`signature`)."""
+
+from __future__ import annotations
+
+
+class Finding(Exception):
+    """Base of every oracle verdict other than clean."""
+
+    kind = "finding"
+    fails = True  # False for report-only kinds
+
+    def __init__(self, message: str, location: str, step: int | None = None, request_id: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.location = location
+        self.step = step
+        self.request_id = request_id
+
+    @property
+    def signature(self) -> str:
+        return f"{self.kind}:{self.location}"
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "signature": self.signature, "message": self.message,
+                "step": self.step, "request": self.request_id}
+
+
+class SlotHashMismatch(Finding):
+    """(a) A mamba block published under a hash holds a different state than the hash claims."""
+
+    kind = "slot_hash"
+
+
+class ResumeStateMismatch(Finding):
+    """(b) A request admitted with a prefix or connector hit restored the wrong state."""
+
+    kind = "resume_state"
+
+
+class StaleStateRead(Finding):
+    """A running request's row started from a state that is not its own computed prefix."""
+
+    kind = "stale_read"
+
+
+class OutputDivergence(Finding):
+    """(c) The same scenario with prefix caching off generated different tokens."""
+
+    kind = "output_divergence"
+
+
+class Stall(Finding):
+    """(d) Some request did not finish within the scenario's step bound."""
+
+    kind = "stall"
+
+
+class VllmCrash(Finding):
+    """(e) vLLM itself raised."""
+
+    kind = "vllm_crash"
+
+
+class Inefficiency(Finding):
+    """(f) The split under test does measurably more work, or caches less, than the reference."""
+
+    kind = "efficiency"
+    fails = False

@@ -1,0 +1,324 @@
+"""Drive one scenario through vLLM's real Scheduler and KV-cache manager, with the kernel
+model standing in for the GPU, and record a Trace.
+
+scenario -> (this module) -> trace -> oracle.  The harness judges nothing itself.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+
+from fuzz import vllm_bridge as vb
+from fuzz.connector import ExternalHit
+from fuzz.kernel_model import KernelGeometry, KernelModel
+from fuzz.scenario import VOCAB_SIZE, Scenario, ample_pool_blocks
+from fuzz.state import PrefixStates, State, next_token
+from fuzz.trace import Admission, CacheEntry, Chunk, Crash, SlotWrite, StepRecord, Trace
+
+
+@dataclass
+class _Live:
+    """The harness's view of one request: its true token history and its truth."""
+
+    index: int
+    truth: PrefixStates
+    admitted: bool = False
+    first_chunk_pending: bool = False
+
+
+class _HashBook:
+    """Which tokens each block hash stands for: hash -> (request, true state).
+
+    Block hashes chain over token ids, so the request that first produced a hash tells us
+    exactly which state any block published under it must hold."""
+
+    def __init__(self, hash_block_size: int):
+        self.unit = hash_block_size
+        self.truth: dict[bytes, tuple[str, State]] = {}
+        self._seen: dict[str, int] = {}
+
+    def learn(self, rid: str, hashes: list[bytes], truth: PrefixStates) -> None:
+        start = self._seen.get(rid, 0)
+        for i in range(start, len(hashes)):
+            length = (i + 1) * self.unit
+            if length <= len(truth):
+                self.truth.setdefault(bytes(hashes[i]), (rid, truth.at(length)))
+                self._seen[rid] = i + 1
+
+
+def _vllm_frame(exc: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/vllm/" in f.filename]
+    if not frames:
+        return "outside-vllm"
+    f = frames[-1]
+    path = f.filename[f.filename.rfind("/vllm/") + 1 :]
+    return f"{path}:{f.lineno} in {f.name}"
+
+
+def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "fixed",
+        prefix_caching: bool = True) -> Trace:
+    """Run `scenario` once; `split` replaces Scheduler._mamba_block_aligned_split if given."""
+    engine = scenario.engine
+    if not prefix_caching:
+        engine = _without_prefix_caching(engine)
+    num_blocks = engine.num_gpu_blocks or ample_pool_blocks(scenario)
+    trace = Trace(split=split_name, prefix_caching=prefix_caching, step_bound=scenario.liveness_bound())
+    try:
+        session = vb.SchedulerSession(engine, num_blocks, scenario.max_model_len(), split)
+    except Exception as exc:  # vLLM refused the config or failed to build
+        trace.crash = Crash(type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", _vllm_frame(exc), -1)
+        return trace
+    _Runner(scenario, session, trace, prefix_caching).run()
+    return trace
+
+
+def _without_prefix_caching(e):
+    import dataclasses
+
+    return dataclasses.replace(e, enable_prefix_caching=False, prefix_match_unit=None,
+                               num_prefill_checkpoint_blocks=0, prefill_checkpoint_alignment=None,
+                               enable_mamba_shared_prefix_checkpoint=False)
+
+
+class _Runner:
+    def __init__(self, scenario: Scenario, session: vb.SchedulerSession, trace: Trace, prefix_caching: bool):
+        self.s = scenario
+        self.session = session
+        self.trace = trace
+        self.prefix_caching = prefix_caching
+        self.ids = scenario.request_ids()
+        self.live: dict[str, _Live] = {}
+        e = scenario.engine
+        sched = session.scheduler
+        self.spec = e.uses_spec_decode
+        self.model = KernelModel(KernelGeometry(
+            block_size=e.mamba_block_size,
+            hash_block_size=session.hash_block_size,
+            checkpoint_alignment=e.prefill_checkpoint_alignment if (prefix_caching and e.num_prefill_checkpoint_blocks) else None,
+            cache_hit_alignment_tokens=sched.kv_cache_manager.coordinator.single_type_managers[session.mamba_group].cache_hit_alignment_tokens,
+            drop_eagle_block=bool(getattr(sched, "use_eagle_block_drop", False)),
+            null_block_id=session.null_block_id,
+            vocab_size=VOCAB_SIZE,
+        ))
+        self.book = _HashBook(session.hash_block_size)
+        self.known_entries: set[tuple[bytes, int]] = set()
+        if session.connector is not None and prefix_caching:
+            session.connector.plan = {
+                rid: ExternalHit(r.external_tokens, r.external_async)
+                for rid, r in zip(self.ids, scenario.requests) if r.external_tokens
+            }
+
+    # ---- main loop -------------------------------------------------------------------
+    def run(self) -> None:
+        step = 0
+        try:
+            while True:
+                pending = any(r.arrival_step >= step for r in self.s.requests)
+                if not pending and not self.session.has_unfinished():
+                    break
+                if step >= self.trace.step_bound:
+                    self.trace.hit_bound = True
+                    break
+                self._step(step)
+                step += 1
+        except Exception as exc:
+            self.trace.crash = Crash(type(exc).__name__, (str(exc).splitlines() or [""])[0], _vllm_frame(exc), step)
+        for rid in self.ids:
+            req = self.session.request(rid)
+            if rid in self.live:
+                self.trace.outputs[rid] = self.live[rid].truth.tokens[self.s.prompt_len(self.live[rid].index):]
+            if req is not None and not req.is_finished():
+                self.trace.unfinished.append(rid)
+
+    def _step(self, step: int) -> None:
+        rec = StepRecord(step)
+        self.trace.steps.append(rec)
+        session = self.session
+        for i, (rid, r) in enumerate(zip(self.ids, self.s.requests)):
+            if r.arrival_step == step:
+                prompt = self.s.prompt_tokens(i)
+                self.live[rid] = _Live(i, PrefixStates(prompt))
+                session.add_request(rid, prompt, r.max_tokens, float(step))
+                rec.arrivals.append(rid)
+        aborts = [rid for rid, r in zip(self.ids, self.s.requests)
+                  if r.abort_step == step and rid in self.live and self._unfinished(rid)]
+        if aborts:
+            session.abort(aborts)
+            rec.aborts = aborts
+            for rid in aborts:
+                self.trace.finish_status[rid] = "FINISHED_ABORTED"
+
+        waiting_before = {rid for rid in self.live if self._waiting_fresh(rid)}
+        out = session.schedule()
+        connector_orders = self._drain_connector()
+
+        # The worker forgets dropped requests, zeroes fresh blocks, then applies CoW copies.
+        self.model.forget_requests(session.dropped_worker_state(out))
+        rec.preempted = sorted(session.preempted(out))
+        for rid in rec.preempted:
+            self.live[rid].admitted = False
+        for b in session.blocks_to_zero(out):
+            self.model.zero_blocks([b])
+        for src, dst in session.block_copies(out):
+            self.model.copy_blocks([(src, dst)])
+            rec.writes.append(SlotWrite("-", -1, dst, self.model.state_of(dst), "cow"))
+
+        scheduled = out.num_scheduled_tokens
+        spec_tokens = session.spec_tokens(out)
+        for rid in sorted(waiting_before):
+            req = session.request(rid)
+            if req is None or (not req.num_computed_tokens and rid not in scheduled):
+                continue
+            n = scheduled.get(rid, 0)
+            start = req.num_computed_tokens - n
+            order = connector_orders.get(rid)
+            ext = order.num_external_tokens if order else 0
+            rec.admissions.append(Admission(rid, start - ext, ext, bool(order and order.load_async)))
+            self.trace.prefix_hit_tokens += start - ext
+            self.live[rid].admitted = True
+            self.live[rid].first_chunk_pending = True
+            if order is not None and not order.load_async:
+                self._connector_load(rec, rid, start)
+
+        sampled: dict[str, list[int]] = {}
+        if scheduled:
+            self.trace.forward_steps += 1
+        for rid in scheduled:  # dict order is the batch order vLLM built
+            sampled[rid] = self._run_row(rec, rid, scheduled[rid], spec_tokens.get(rid, []))
+
+        recv_done = {rid for rid, o in connector_orders.items() if o.load_async}
+        for rid in sorted(recv_done):
+            req = session.request(rid)
+            if req is not None and vb.is_waiting_for_remote_kv(req):
+                self._connector_load(rec, rid, req.num_computed_tokens)
+        rec.recv_done = sorted(recv_done)
+
+        session.feed(out, sampled, recv_done)
+        self._after_update(rec, scheduled)
+        if self.prefix_caching:
+            self._audit_cache(rec)
+
+    # ---- pieces ----------------------------------------------------------------------
+    def _unfinished(self, rid: str) -> bool:
+        req = self.session.request(rid)
+        return req is not None and not req.is_finished()
+
+    def _waiting_fresh(self, rid: str) -> bool:
+        req = self.session.request(rid)
+        return req is not None and not req.is_finished() and not self.live[rid].admitted
+
+    def _drain_connector(self) -> dict:
+        conn = self.session.connector
+        if conn is None or not self.prefix_caching:
+            return {}
+        orders = {o.request_id: o for o in conn.orders}
+        conn.orders.clear()
+        return orders
+
+    def _connector_load(self, rec: StepRecord, rid: str, num_tokens: int) -> None:
+        table = self.session.mamba_block_ids(rid)
+        state = self.live[rid].truth.at(num_tokens)
+        block = self.model.load_external(table, num_tokens, state)
+        rec.writes.append(SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
+
+    def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int]) -> list[int]:
+        req = self.session.request(rid)
+        live = self.live[rid]
+        start = req.num_computed_tokens - n  # schedule() already advanced it
+        base = n - len(drafts)
+        tokens = live.truth.tokens[start : start + base] + list(drafts)
+        if not self.prefix_caching:
+            return self._ideal_row(live, start, tokens, len(drafts), req)
+        table = self.session.mamba_block_ids(rid)
+        row = self.model.run_row(rid, table, start, tokens, len(drafts))
+        first = live.first_chunk_pending
+        live.first_chunk_pending = False
+        rec.chunks.append(Chunk(rid, start, n, len(drafts), row.read_column, row.read_block, row.read_state,
+                                live.truth.at(start), first, first and start > 0))
+        for col, block, state in row.writes:
+            rec.writes.append(SlotWrite(rid, col, block, state, "chunk-end"))
+        prefill_done = start + base >= req.num_tokens
+        if not prefill_done:
+            sampled: list[int] = []
+        elif not drafts:
+            sampled = [row.outputs[-1]]
+        else:
+            sampled = self._accept(row.outputs[base - 1 :], drafts)
+        if self.spec:
+            for col, block, state in self.model.postprocess_spec(rid, table, start, n, len(drafts), max(len(sampled), 1)):
+                rec.writes.append(SlotWrite(rid, col, block, state, "postcopy"))
+        return sampled
+
+    def _ideal_row(self, live: _Live, start: int, tokens: list[int], num_drafts: int, req) -> list[int]:
+        """Prefix caching off: every row starts from the true state (one state per request)."""
+        base = len(tokens) - num_drafts
+        if start + base < req.num_tokens:
+            return []
+        state = live.truth.at(start)
+        outputs = []
+        for tok in tokens:
+            state = state.extend([tok])
+            outputs.append(next_token(state, VOCAB_SIZE))
+        if not num_drafts:
+            return [outputs[-1]]
+        return self._accept(outputs[base - 1 :], tokens[base:])
+
+    @staticmethod
+    def _accept(outputs: list[int], drafts: list[int]) -> list[int]:
+        """Greedy verification: keep drafts while they match the model, then its own token."""
+        sampled = []
+        for i, d in enumerate(drafts):
+            sampled.append(outputs[i])
+            if outputs[i] != d:
+                return sampled
+        sampled.append(outputs[len(drafts)])
+        return sampled
+
+    def _after_update(self, rec: StepRecord, scheduled: dict[str, int]) -> None:
+        drafts: dict[str, list[int]] = {}
+        step = rec.step
+        for rid, live in self.live.items():
+            req = self.session.request(rid)
+            if req is None:
+                continue
+            have = len(live.truth)
+            if req.num_tokens > have:
+                live.truth.append(list(req.all_token_ids[have:]))
+            if req.is_finished():
+                if rid not in self.trace.finish_status:
+                    self.trace.finish_status[rid] = req.status.name
+                    rec.finished.append(rid)
+                continue
+            if self.spec and rid in scheduled and req.num_computed_tokens >= req.num_tokens - 1 and req.num_output_tokens > 0:
+                drafts[rid] = self._propose(live, step)
+        self.session.set_drafts(drafts)
+
+    def _propose(self, live: _Live, step: int) -> list[int]:
+        """A drafter that knows the true model: its first `acceptance` guesses are right."""
+        k = self.s.engine.num_speculative_tokens
+        acc = self.s.acceptance[step % len(self.s.acceptance)] if self.s.acceptance else k
+        state = live.truth.at(len(live.truth))
+        out = []
+        for i in range(k):
+            tok = next_token(state, VOCAB_SIZE)
+            if i >= acc:
+                tok = tok % (VOCAB_SIZE - 1) + 1  # a guess the model will reject
+            out.append(tok)
+            state = state.extend([tok])
+        return out
+
+    def _audit_cache(self, rec: StepRecord) -> None:
+        for rid, live in self.live.items():
+            self.book.learn(rid, self.session.block_hashes(rid), live.truth)
+        seen: set[tuple[bytes, int]] = set()
+        for entry in self.session.cached_mamba_entries():
+            key = (entry.block_hash, entry.block_id)
+            seen.add(key)
+            new = key not in self.known_entries
+            if new:
+                self.trace.hashed_snapshots += 1
+            owner, claimed = self.book.truth.get(entry.block_hash, ("?", State(-3, 0)))
+            rec.cache.append(CacheEntry(entry.block_id, claimed, self.model.state_of(entry.block_id), owner, new,
+                                        entry.primary, entry.claimed_tokens))
+        self.known_entries = seen

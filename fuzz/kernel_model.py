@@ -1,0 +1,182 @@
+"""The simulated model runner: which state each physical mamba block holds, step by step.
+
+Each rule mirrors one piece of vLLM's worker code (paths inside the installed `vllm`):
+
+- zeroing fresh blocks: `SchedulerOutput.new_block_ids_to_zero`, applied before anything else;
+- copy-on-write: `SchedulerOutput.kv_cache_block_copies` (worker `_apply_kv_cache_block_copies`),
+  applied after zeroing and before the forward;
+- running column: v1/worker/mamba_utils.py `preprocess_mamba`:
+  `curr = cdiv(num_computed + num_scheduled, block_size) - 1`;
+- pre-forward copy: `preprocess_mamba` (`get_temporal_copy_spec`): when the remembered column
+  `prev` (or `(num_computed - 1) // block_size` for a request the worker does not know) differs
+  from `curr`, copy `table[prev + num_accepted - 1]` into `table[curr]` and reset num_accepted to 1;
+- prefill / plain decode: the kernel starts from `table[curr]` (zeros when nothing is computed)
+  and writes only the final state back to `table[curr]` (e.g. qwen_gdn_linear_attn.py
+  `ssm_state[prefill_state_indices] = last_recurrent_state`); no state is stored at block
+  boundaries inside a chunk;
+- spec decode: starts from `table[curr + num_accepted - 1]` and stores the state after token t
+  into `table[curr + t]` (fla fused_sigmoid_gating kernel);
+- post-forward copy (spec decode only): mamba_utils.py `postprocess_mamba_fused_kernel`: when
+  the accepted tokens cross a block boundary `aligned`, copy `table[curr + aligned - (c + 1)]`
+  into `table[aligned // block_size - 1]`;
+- internal prefill checkpoint (mixers with `num_prefill_checkpoint_blocks`):
+  layers/mamba/checkpoint.py `compute_mamba_prefill_checkpoints`, applied to every prefill row;
+- writes to the null block are dropped (kernels skip slot ids <= 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.v1.kv_cache_interface import (
+    get_mamba_prefill_checkpoint_position,
+    is_mamba_prefill_checkpoint_valid,
+)
+
+from fuzz.state import EMPTY, State, next_token
+
+ZEROED = State(-1, 0)  # a freshly zeroed block: holds no state of any prefix
+UNSET = State(-2, 0)  # a block the model never saw written
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class KernelGeometry:
+    block_size: int
+    hash_block_size: int
+    checkpoint_alignment: int | None  # None: the mixer writes no internal checkpoint
+    cache_hit_alignment_tokens: int
+    drop_eagle_block: bool
+    null_block_id: int
+    vocab_size: int
+
+
+@dataclass
+class RowResult:
+    """What one request's row did in one forward."""
+
+    read_column: int
+    read_block: int
+    read_state: State
+    outputs: list[int]  # the model's greedy token after each scheduled position
+    writes: list[tuple[int, int, State]] = field(default_factory=list)  # (column, block, state)
+
+
+class KernelModel:
+    def __init__(self, geometry: KernelGeometry):
+        self.g = geometry
+        self.held: dict[int, State] = {}
+        self._prev_column: dict[str, int] = {}  # worker's mamba_state_idx
+        self._num_accepted: dict[str, int] = {}  # worker's num_accepted_tokens_cpu
+
+    def state_of(self, block_id: int) -> State:
+        return self.held.get(block_id, UNSET)
+
+    def _write(self, block_id: int, state: State) -> bool:
+        if block_id <= self.g.null_block_id:
+            return False
+        self.held[block_id] = state
+        return True
+
+    # ---- per-step, before any row --------------------------------------------------
+    def forget_requests(self, request_ids: set[str]) -> None:
+        for rid in request_ids:
+            self._prev_column.pop(rid, None)
+            self._num_accepted.pop(rid, None)
+
+    def zero_blocks(self, block_ids: list[int]) -> None:
+        for b in block_ids:
+            self._write(b, ZEROED)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        for src, dst in copies:
+            self._write(dst, self.state_of(src))
+
+    def load_external(self, table: list[int], num_tokens: int, state: State) -> int:
+        """A connector load: the state after `num_tokens` lands in that position's column."""
+        column = cdiv(num_tokens, self.g.block_size) - 1
+        self._write(table[column], state)
+        return table[column]
+
+    # ---- one request's row --------------------------------------------------------
+    def run_row(self, rid: str, table: list[int], num_computed: int, tokens: list[int], num_drafts: int) -> RowResult:
+        """Run `tokens` (the last `num_drafts` of them speculative) from `num_computed`."""
+        bs = self.g.block_size
+        seq_len = num_computed + len(tokens)
+        curr = cdiv(seq_len, bs) - 1
+        prev = self._prev_column.get(rid, (num_computed - 1) // bs)
+        accepted = self._num_accepted.get(rid, 1)
+        writes: list[tuple[int, int, State]] = []
+        if prev != -1 and prev != curr:
+            src_col = prev + accepted - 1
+            state = self.state_of(table[src_col]) if 0 <= src_col < len(table) else UNSET
+            if self._write(table[curr], state):
+                writes.append((curr, table[curr], state))
+            accepted = 1
+        self._prev_column[rid] = curr
+        self._num_accepted[rid] = accepted
+
+        if num_drafts == 0:
+            read_col = curr
+            start = self.state_of(table[curr]) if num_computed > 0 else EMPTY
+            final = start.extend(tokens)
+            if self._write(table[curr], final):
+                writes.append((curr, table[curr], final))
+            self._maybe_checkpoint(table, num_computed, seq_len, start, tokens, writes)
+            outputs = [next_token(final, self.g.vocab_size)]
+        else:
+            read_col = curr + accepted - 1
+            start = self.state_of(table[read_col]) if read_col < len(table) else UNSET
+            state = start
+            outputs = []
+            for t, tok in enumerate(tokens):
+                state = state.extend([tok])
+                if curr + t < len(table) and self._write(table[curr + t], state):
+                    writes.append((curr + t, table[curr + t], state))
+                outputs.append(next_token(state, self.g.vocab_size))
+        return RowResult(read_col, table[read_col] if read_col < len(table) else -1, start, outputs, writes)
+
+    def _maybe_checkpoint(self, table: list[int], num_computed: int, seq_len: int, start: State,
+                          tokens: list[int], writes: list[tuple[int, int, State]]) -> None:
+        if self.g.checkpoint_alignment is None:
+            return
+        position = get_mamba_prefill_checkpoint_position(
+            seq_len, self.g.cache_hit_alignment_tokens, drop_eagle_block=self.g.drop_eagle_block
+        )
+        if not is_mamba_prefill_checkpoint_valid(
+            query_start=num_computed, query_end=seq_len, checkpoint_position=position,
+            hash_block_size=self.g.hash_block_size, mamba_block_size=self.g.block_size,
+            checkpoint_alignment=self.g.checkpoint_alignment,
+        ):
+            return
+        column = cdiv(seq_len, self.g.block_size) - 2
+        state = start.extend(tokens[: position - num_computed])
+        if self._write(table[column], state):
+            writes.append((column, table[column], state))
+
+    def postprocess_spec(self, rid: str, table: list[int], num_computed: int, num_scheduled: int,
+                         num_drafts: int, num_accepted: int) -> list[tuple[int, int, State]]:
+        """After a forward in a spec-decode engine (every row, as the fused kernel does): move
+        the state at a crossed block boundary into that boundary's own slot."""
+        bs = self.g.block_size
+        src = self._prev_column[rid]
+        resolved = num_computed + num_scheduled - num_drafts  # tokens whose state is in table[src]
+        new_computed = resolved + num_accepted - 1
+        aligned = new_computed // bs * bs
+        self._num_accepted[rid] = num_accepted
+        writes: list[tuple[int, int, State]] = []
+        if aligned < resolved:
+            return writes
+        bias = aligned - resolved
+        dest = aligned // bs - 1
+        if dest == src:
+            self._num_accepted[rid] = 1
+            if bias == 0:
+                return writes
+        state = self.state_of(table[src + bias])
+        if self._write(table[dest], state):
+            writes.append((dest, table[dest], state))
+        return writes

@@ -1,0 +1,162 @@
+"""Pure functions from traces to findings.  Each check returns the first violation it sees
+(a `Finding`), or None; `judge` runs them all in a fixed order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fuzz.findings import (
+    Finding,
+    Inefficiency,
+    OutputDivergence,
+    ResumeStateMismatch,
+    SlotHashMismatch,
+    Stall,
+    StaleStateRead,
+    VllmCrash,
+)
+from fuzz.state import State
+from fuzz.trace import Trace
+
+
+def _relation(held: State, claimed: State) -> str:
+    """A coarse class of how a held state differs from the claimed one (for signatures)."""
+    if held.num_tokens == -1:
+        return "zeroed"
+    if held.num_tokens < -1:
+        return "never-written"
+    if held.num_tokens < claimed.num_tokens:
+        return "short"
+    if held.num_tokens > claimed.num_tokens:
+        return "long"
+    return "foreign"
+
+
+def check_slot_hashes(trace: Trace) -> Finding | None:
+    """(a) After every step, each mamba block under a hash holds the state the hash claims."""
+    for rec in trace.steps:
+        for e in rec.cache:
+            if e.held != e.claimed:
+                rel = _relation(e.held, e.claimed)
+                return SlotHashMismatch(
+                    f"step {rec.step}: mamba block {e.block_id} is published as the state after "
+                    f"{e.claimed.num_tokens} tokens of {e.claimed_by} but holds {e.held} ({rel})",
+                    location=rel, step=rec.step, request_id=e.claimed_by,
+                )
+            if e.primary and e.recorded_tokens is not None and e.recorded_tokens != e.claimed.num_tokens:
+                return SlotHashMismatch(
+                    f"step {rec.step}: mamba block {e.block_id} records block_hash_num_tokens="
+                    f"{e.recorded_tokens} but its hash covers {e.claimed.num_tokens} tokens",
+                    location="recorded-count", step=rec.step, request_id=e.claimed_by,
+                )
+    return None
+
+
+def check_reads(trace: Trace) -> Finding | None:
+    """(b) Every row starts from the true state of the request's own computed prefix; on the
+    first row after a prefix or connector hit this is the resume check."""
+    for rec in trace.steps:
+        for c in rec.chunks:
+            if c.read_state == c.true_state:
+                continue
+            rel = _relation(c.read_state, c.true_state)
+            if c.resumed_from_hit:
+                return ResumeStateMismatch(
+                    f"step {rec.step}: {c.request_id} resumed at {c.start} tokens from block {c.read_block} "
+                    f"(column {c.read_column}) holding {c.read_state}, not its own {c.true_state} ({rel})",
+                    location=rel, step=rec.step, request_id=c.request_id,
+                )
+            return StaleStateRead(
+                f"step {rec.step}: {c.request_id} ran tokens {c.start}..{c.end} from block {c.read_block} "
+                f"(column {c.read_column}) holding {c.read_state}, expected {c.true_state} ({rel})",
+                location=rel, step=rec.step, request_id=c.request_id,
+            )
+    return None
+
+
+def check_liveness(trace: Trace) -> Finding | None:
+    """(d) Every request finishes within the scenario's step bound."""
+    if trace.hit_bound or trace.unfinished:
+        names = ", ".join(trace.unfinished) or "some request"
+        return Stall(f"{names} did not finish within {trace.step_bound} steps",
+                     location="step-bound", step=len(trace.steps), request_id=(trace.unfinished or [None])[0])
+    return None
+
+
+def check_crash(trace: Trace) -> Finding | None:
+    """(e) An exception raised inside vLLM, located by vLLM's innermost frame."""
+    c = trace.crash
+    if c is None:
+        return None
+    frame = c.vllm_frame.split(":")[0] + ":" + c.vllm_frame.split(" in ")[-1] if " in " in c.vllm_frame else c.vllm_frame
+    return VllmCrash(f"step {c.step}: {c.exc_type}: {c.message} (at {c.vllm_frame})",
+                     location=f"{c.exc_type}@{frame}", step=c.step)
+
+
+def check_outputs(cached: Trace, uncached: Trace) -> Finding | None:
+    """(c) Prefix caching must not change what any request generates (aborted ones excepted)."""
+    for rid, tokens in cached.outputs.items():
+        if cached.finish_status.get(rid) == "FINISHED_ABORTED" or uncached.finish_status.get(rid) == "FINISHED_ABORTED":
+            continue
+        other = uncached.outputs.get(rid)
+        if other is None or other == tokens:
+            continue
+        first = next((i for i, (a, b) in enumerate(zip(tokens, other)) if a != b), min(len(tokens), len(other)))
+        return OutputDivergence(
+            f"{rid}: output token {first} differs with prefix caching on ({tokens[first:first + 3]}...) "
+            f"and off ({other[first:first + 3]}...)", location="tokens", request_id=rid,
+        )
+    return None
+
+
+def check_efficiency(candidate: Trace, reference: Trace) -> Finding | None:
+    """(f) Report-only: the candidate split took more forward steps, published fewer
+    snapshots, or hit fewer prefix tokens than the reference split."""
+    worse = []
+    if candidate.forward_steps > reference.forward_steps:
+        worse.append(f"forward steps {candidate.forward_steps} vs {reference.forward_steps}")
+    if candidate.hashed_snapshots < reference.hashed_snapshots:
+        worse.append(f"hashed snapshots {candidate.hashed_snapshots} vs {reference.hashed_snapshots}")
+    if candidate.prefix_hit_tokens < reference.prefix_hit_tokens:
+        worse.append(f"prefix-hit tokens {candidate.prefix_hit_tokens} vs {reference.prefix_hit_tokens}")
+    if not worse:
+        return None
+    return Inefficiency(f"split {candidate.split} vs {reference.split}: " + "; ".join(worse),
+                        location="+".join(w.split(" ")[0] for w in worse))
+
+
+@dataclass
+class Verdict:
+    findings: list[Finding] = field(default_factory=list)  # failing kinds first, in check order
+    reports: list[Finding] = field(default_factory=list)  # report-only kinds
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings
+
+    @property
+    def primary(self) -> Finding | None:
+        return self.findings[0] if self.findings else None
+
+    @property
+    def kind(self) -> str:
+        return self.primary.kind if self.primary else "clean"
+
+
+def judge(cached: Trace, uncached: Trace | None = None, reference: Trace | None = None,
+          strict_efficiency: bool = False) -> Verdict:
+    verdict = Verdict()
+    checks = [check_crash(cached), check_slot_hashes(cached), check_reads(cached)]
+    if uncached is not None:
+        checks.append(check_outputs(cached, uncached))
+    checks.append(check_liveness(cached) if cached.crash is None else None)
+    if uncached is not None and uncached.crash is not None:
+        c = check_crash(uncached)
+        c.message = "prefix caching off: " + c.message
+        checks.append(c)
+    verdict.findings = [f for f in checks if f is not None]
+    if reference is not None:
+        eff = check_efficiency(cached, reference)
+        if eff is not None:
+            (verdict.findings if strict_efficiency else verdict.reports).append(eff)
+    return verdict

@@ -1,0 +1,31 @@
+"""One evaluation: scenario -> traces (cached, uncached, reference split) -> verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fuzz import harness, oracle, splits
+from fuzz.scenario import Scenario
+from fuzz.trace import Trace
+
+
+@dataclass
+class Evaluation:
+    verdict: oracle.Verdict
+    trace: Trace
+    uncached: Trace | None
+    reference: Trace | None
+
+
+def evaluate(scenario: Scenario, split: str = "fixed", differential: bool = True,
+             efficiency: bool = True, strict_efficiency: bool = False) -> Evaluation:
+    """Run `scenario` under `split` and judge it.  `differential` adds the prefix-caching-off
+    run; `efficiency` adds a run of the installed split as the reference (skipped for fixed)."""
+    fn = splits.resolve(split)
+    trace = harness.run(scenario, fn, split)
+    uncached = harness.run(scenario, fn, split, prefix_caching=False) if differential else None
+    reference = None
+    if efficiency and split != "fixed":
+        reference = harness.run(scenario, None, "fixed")
+    verdict = oracle.judge(trace, uncached, reference, strict_efficiency=strict_efficiency)
+    return Evaluation(verdict, trace, uncached, reference)

@@ -1,0 +1,322 @@
+"""The input model: what one fuzz case is, as plain dataclasses with a versioned JSON form.
+
+A scenario names an engine config and a mix of requests.  Prompts are built from shared
+prefix segments plus a unique tail, so that prefix-cache hits happen naturally; token ids
+are derived from `token_seed`, so a scenario file stays small and readable.
+
+Everything downstream (decoder, strategies, minimizer, harness) speaks this model only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+FORMAT_NAME = "mambafuzz-scenario"
+FORMAT_VERSION = 1
+
+# Token ids live in [1, VOCAB_SIZE); the tiny model config ships a vocab this large.
+VOCAB_SIZE = 1024
+
+SPEC_METHODS = ("none", "mtp")
+
+# Hard ceilings that keep one scenario cheap; the decoder and validation share them.
+MAX_REQUESTS = 16
+MAX_PROMPT_TOKENS = 8192
+MAX_OUTPUT_TOKENS = 256
+MAX_STEPS_ARRIVAL = 64
+MAX_POOL_BLOCKS = 4096
+
+
+class ScenarioError(ValueError):
+    """A scenario file or object that cannot be run; `problems` holds one line per issue."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+@dataclass
+class EngineConfig:
+    """The vLLM knobs that change how align-mode chunks are cut and states cached."""
+
+    mamba_block_size: int = 256
+    attn_block_size: int = 16
+    prefix_match_unit: int | None = None  # None: vLLM default (the mamba block size)
+    max_num_batched_tokens: int = 512
+    long_prefill_token_threshold: int = 0
+    max_num_seqs: int = 8
+    num_gpu_blocks: int | None = None  # None: sized so nothing is ever preempted
+    spec_method: str = "none"
+    num_speculative_tokens: int = 0
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
+    enable_mamba_shared_prefix_checkpoint: bool = False
+    prefix_cache_retention_interval: int | None = 0
+    enable_prefix_caching: bool = True
+
+    @property
+    def hash_block_size(self) -> int:
+        return self.prefix_match_unit or self.mamba_block_size
+
+    @property
+    def uses_spec_decode(self) -> bool:
+        return self.spec_method != "none" and self.num_speculative_tokens > 0
+
+
+@dataclass
+class RequestSpec:
+    """One request: when it arrives, what its prompt is made of, and how it ends."""
+
+    arrival_step: int = 0
+    prefix_ids: list[int] = field(default_factory=list)  # indexes into Scenario.prefixes
+    unique_len: int = 1
+    max_tokens: int = 4
+    external_tokens: int = 0  # prompt tokens a KV connector claims to hold
+    external_async: bool = False
+    abort_step: int | None = None
+
+
+@dataclass
+class Scenario:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    prefixes: list[int] = field(default_factory=list)  # shared prefix segment lengths
+    requests: list[RequestSpec] = field(default_factory=list)
+    # Accepted draft tokens per engine step (cycled); empty means every draft is accepted.
+    acceptance: list[int] = field(default_factory=list)
+    token_seed: int = 0
+
+    # ---- derived views -------------------------------------------------------------
+    def request_ids(self) -> list[str]:
+        return [f"r{i}" for i in range(len(self.requests))]
+
+    def prompt_tokens(self, index: int) -> list[int]:
+        """The prompt of request `index`: its prefix segments, then a unique tail."""
+        spec = self.requests[index]
+        tokens: list[int] = []
+        for prefix_id in spec.prefix_ids:
+            tokens += _segment_tokens(self.token_seed, ("prefix", prefix_id), self.prefixes[prefix_id])
+        tokens += _segment_tokens(self.token_seed, ("tail", index), spec.unique_len)
+        return tokens
+
+    def prompt_len(self, index: int) -> int:
+        spec = self.requests[index]
+        return sum(self.prefixes[p] for p in spec.prefix_ids) + spec.unique_len
+
+    def max_model_len(self) -> int:
+        longest = max((self.prompt_len(i) + r.max_tokens for i, r in enumerate(self.requests)), default=1)
+        return longest + self.engine.num_speculative_tokens + 1
+
+    def size(self) -> tuple[int, int, int]:
+        """(requests, last arrival/abort step, total prompt+output tokens): the minimizer's order."""
+        steps = max([r.arrival_step for r in self.requests] + [r.abort_step or 0 for r in self.requests] + [0])
+        tokens = sum(self.prompt_len(i) + r.max_tokens for i, r in enumerate(self.requests))
+        return len(self.requests), steps, tokens
+
+    def liveness_bound(self) -> int:
+        """Steps within which every request must finish: each step makes progress on some
+        request unless the split defers it, so one step per token plus arrivals is generous."""
+        _, last_step, tokens = self.size()
+        return last_step + tokens + 8 * len(self.requests) + 16
+
+    # ---- JSON ----------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "engine": dataclasses.asdict(self.engine),
+            "prefixes": list(self.prefixes),
+            "requests": [dataclasses.asdict(r) for r in self.requests],
+            "acceptance": list(self.acceptance),
+            "token_seed": self.token_seed,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
+
+
+def _segment_tokens(seed: int, key: tuple[str, int], length: int) -> list[int]:
+    rng = random.Random(f"{seed}/{key[0]}/{key[1]}")
+    return [rng.randrange(1, VOCAB_SIZE) for _ in range(length)]
+
+
+# ---- loading and validation ---------------------------------------------------------
+
+_ENGINE_FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
+_REQUEST_FIELDS = {f.name: f for f in dataclasses.fields(RequestSpec)}
+
+
+def _check_int(problems: list[str], where: str, value: Any, lo: int, hi: int | None = None, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        problems.append(f"{where} must be an integer, got {value!r}")
+    elif value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        problems.append(f"{where} must be {bound}, got {value}")
+
+
+def _build(cls: type, raw: Any, where: str, fields: dict[str, Any], problems: list[str]) -> Any:
+    if not isinstance(raw, dict):
+        problems.append(f"{where} must be an object, got {type(raw).__name__}")
+        return cls()
+    unknown = sorted(set(raw) - set(fields))
+    for name in unknown:
+        problems.append(f"{where}.{name} is not a known field")
+    return cls(**{k: v for k, v in raw.items() if k in fields})
+
+
+def from_json(raw: Any) -> Scenario:
+    """Build and validate a Scenario from parsed JSON; raises ScenarioError listing every problem."""
+    problems: list[str] = []
+    if not isinstance(raw, dict):
+        raise ScenarioError([f"top level must be an object, got {type(raw).__name__}"])
+    if raw.get("format") != FORMAT_NAME:
+        problems.append(f"format must be {FORMAT_NAME!r}, got {raw.get('format')!r}")
+    if raw.get("version") != FORMAT_VERSION:
+        problems.append(f"version must be {FORMAT_VERSION}, got {raw.get('version')!r}")
+    known = {"format", "version", "engine", "prefixes", "requests", "acceptance", "token_seed", "expected", "note", "origin", "finding"}
+    for name in sorted(set(raw) - known):
+        problems.append(f"top-level field {name!r} is not known")
+    engine = _build(EngineConfig, raw.get("engine", {}), "engine", _ENGINE_FIELDS, problems)
+    reqs_raw = raw.get("requests", [])
+    if not isinstance(reqs_raw, list):
+        problems.append("requests must be a list")
+        reqs_raw = []
+    requests = [_build(RequestSpec, r, f"requests[{i}]", _REQUEST_FIELDS, problems) for i, r in enumerate(reqs_raw)]
+    prefixes = raw.get("prefixes", [])
+    acceptance = raw.get("acceptance", [])
+    scenario = Scenario(
+        engine=engine,
+        prefixes=prefixes if isinstance(prefixes, list) else [],
+        requests=requests,
+        acceptance=acceptance if isinstance(acceptance, list) else [],
+        token_seed=raw.get("token_seed", 0),
+    )
+    if not isinstance(prefixes, list):
+        problems.append("prefixes must be a list of lengths")
+    if not isinstance(acceptance, list):
+        problems.append("acceptance must be a list of counts")
+    problems += validate(scenario)
+    if problems:
+        raise ScenarioError(problems)
+    return scenario
+
+
+def loads(text: str) -> Scenario:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScenarioError([f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"]) from None
+    except RecursionError:
+        raise ScenarioError(["not valid JSON: nested too deeply"]) from None
+    return from_json(raw)
+
+
+def validate(s: Scenario) -> list[str]:
+    """Every reason this scenario cannot run, one line each; empty when it is valid.
+
+    Configs vLLM itself refuses (sizes that do not divide, a pool too small for one request)
+    are reported here, so they never reach vLLM as crashes."""
+    p: list[str] = []
+    e = s.engine
+    _check_int(p, "engine.mamba_block_size", e.mamba_block_size, 8, 1 << 16)
+    _check_int(p, "engine.attn_block_size", e.attn_block_size, 1, 1 << 12)
+    _check_int(p, "engine.prefix_match_unit", e.prefix_match_unit, 1, 1 << 16, optional=True)
+    _check_int(p, "engine.max_num_batched_tokens", e.max_num_batched_tokens, 1, 1 << 16)
+    _check_int(p, "engine.long_prefill_token_threshold", e.long_prefill_token_threshold, 0, 1 << 16)
+    _check_int(p, "engine.max_num_seqs", e.max_num_seqs, 1, 256)
+    _check_int(p, "engine.num_gpu_blocks", e.num_gpu_blocks, 1, MAX_POOL_BLOCKS, optional=True)
+    _check_int(p, "engine.num_speculative_tokens", e.num_speculative_tokens, 0, 8)
+    _check_int(p, "engine.num_prefill_checkpoint_blocks", e.num_prefill_checkpoint_blocks, 0, 4)
+    _check_int(p, "engine.prefill_checkpoint_alignment", e.prefill_checkpoint_alignment, 1, 1 << 16, optional=True)
+    _check_int(p, "engine.prefix_cache_retention_interval", e.prefix_cache_retention_interval, 0, 1 << 20, optional=True)
+    _check_int(p, "token_seed", s.token_seed, 0, (1 << 63) - 1)
+    for name in ("enable_mamba_shared_prefix_checkpoint", "enable_prefix_caching"):
+        if not isinstance(getattr(e, name), bool):
+            p.append(f"engine.{name} must be true or false")
+    if e.spec_method not in SPEC_METHODS:
+        p.append(f"engine.spec_method must be one of {', '.join(SPEC_METHODS)}, got {e.spec_method!r}")
+    if p:
+        return p  # the arithmetic below needs well-typed numbers
+    if e.mamba_block_size % 8:
+        p.append(f"engine.mamba_block_size {e.mamba_block_size} must be a multiple of 8 (causal_conv1d alignment)")
+    if e.mamba_block_size % e.attn_block_size:
+        p.append(f"engine.attn_block_size {e.attn_block_size} must divide mamba_block_size {e.mamba_block_size}")
+    unit = e.hash_block_size
+    if e.attn_block_size % unit or e.mamba_block_size % unit:
+        p.append(f"engine.prefix_match_unit {unit} must divide attn_block_size {e.attn_block_size} and mamba_block_size {e.mamba_block_size}")
+    if e.spec_method == "none" and e.num_speculative_tokens:
+        p.append("engine.num_speculative_tokens needs spec_method 'mtp'")
+    if e.spec_method != "none" and not e.num_speculative_tokens:
+        p.append(f"engine.spec_method {e.spec_method!r} needs num_speculative_tokens >= 1")
+    if e.num_prefill_checkpoint_blocks and e.prefill_checkpoint_alignment is None:
+        p.append("engine.num_prefill_checkpoint_blocks needs prefill_checkpoint_alignment")
+    retention = e.prefix_cache_retention_interval
+    if retention and retention % e.mamba_block_size:
+        p.append(f"engine.prefix_cache_retention_interval {retention} must be a multiple of mamba_block_size {e.mamba_block_size}")
+    if e.max_num_batched_tokens < 1 + e.num_speculative_tokens:
+        p.append("engine.max_num_batched_tokens must fund one decode step (1 + num_speculative_tokens)")
+
+    if not s.requests:
+        p.append("requests must not be empty")
+    if len(s.requests) > MAX_REQUESTS:
+        p.append(f"at most {MAX_REQUESTS} requests, got {len(s.requests)}")
+    for i, length in enumerate(s.prefixes):
+        _check_int(p, f"prefixes[{i}]", length, 1, MAX_PROMPT_TOKENS)
+    for i, count in enumerate(s.acceptance):
+        _check_int(p, f"acceptance[{i}]", count, 0, 8)
+    if p:
+        return p
+    for i, r in enumerate(s.requests):
+        w = f"requests[{i}]"
+        _check_int(p, f"{w}.arrival_step", r.arrival_step, 0, MAX_STEPS_ARRIVAL)
+        _check_int(p, f"{w}.unique_len", r.unique_len, 1, MAX_PROMPT_TOKENS)
+        _check_int(p, f"{w}.max_tokens", r.max_tokens, 1, MAX_OUTPUT_TOKENS)
+        _check_int(p, f"{w}.external_tokens", r.external_tokens, 0, MAX_PROMPT_TOKENS)
+        _check_int(p, f"{w}.abort_step", r.abort_step, 0, MAX_STEPS_ARRIVAL + MAX_PROMPT_TOKENS, optional=True)
+        if not isinstance(r.external_async, bool):
+            p.append(f"{w}.external_async must be true or false")
+        if not isinstance(r.prefix_ids, list) or any(
+            isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < len(s.prefixes) for x in r.prefix_ids
+        ):
+            p.append(f"{w}.prefix_ids must list indexes into prefixes (0..{len(s.prefixes) - 1})")
+    if p:
+        return p
+    for i, r in enumerate(s.requests):
+        w = f"requests[{i}]"
+        plen = s.prompt_len(i)
+        if plen > MAX_PROMPT_TOKENS:
+            p.append(f"{w} prompt is {plen} tokens, more than {MAX_PROMPT_TOKENS}")
+        if r.external_tokens >= plen:
+            p.append(f"{w}.external_tokens {r.external_tokens} must be below its prompt length {plen}")
+        if r.abort_step is not None and r.abort_step < r.arrival_step:
+            p.append(f"{w}.abort_step {r.abort_step} is before its arrival_step {r.arrival_step}")
+    if e.num_gpu_blocks is not None and not p:
+        need = min_pool_blocks(s)
+        if e.num_gpu_blocks < need:
+            p.append(f"engine.num_gpu_blocks {e.num_gpu_blocks} cannot hold the longest request (needs {need}); vLLM refuses such a pool at start-up")
+    return p
+
+
+def blocks_for_request(e: EngineConfig, num_tokens: int) -> int:
+    """Blocks one request holds at most: attention blocks for every token, plus the mamba
+    group's resident state blocks in align mode (two, plus speculative and checkpoint blocks)."""
+    attn = -(-num_tokens // e.attn_block_size)
+    mamba = 2 + e.num_speculative_tokens + e.num_prefill_checkpoint_blocks
+    return attn + mamba + 1
+
+
+def min_pool_blocks(s: Scenario) -> int:
+    longest = max((s.prompt_len(i) + r.max_tokens for i, r in enumerate(s.requests)), default=1)
+    return blocks_for_request(s.engine, longest + s.engine.num_speculative_tokens + 1)
+
+
+def ample_pool_blocks(s: Scenario) -> int:
+    """A pool that holds every request at once plus a cache's worth: nothing is preempted."""
+    total = sum(blocks_for_request(s.engine, s.prompt_len(i) + r.max_tokens + s.engine.num_speculative_tokens + 1)
+                for i, r in enumerate(s.requests))
+    return 2 * total + 16

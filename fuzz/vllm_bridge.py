@@ -1,0 +1,285 @@
+"""The one module that touches vLLM's internals: config building, scheduler construction,
+request creation, output feeding, and read-only views of the mamba block tables and the
+prefix cache.  A vLLM upgrade starts here.
+
+Everything else in the project talks to `SchedulerSession`, never to vLLM objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from vllm.config import (  # noqa: E402
+    CacheConfig,
+    KVTransferConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    VllmConfig,
+)
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import (  # noqa: E402
+    get_block_hash,
+    get_group_id,
+    get_request_block_hasher,
+    init_none_hash,
+)
+from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.core.single_type_kv_cache_manager import MambaManager  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+)
+from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from fuzz.scenario import EngineConfig  # noqa: E402
+
+for _name in ("vllm", "vllm.config", "vllm.v1"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
+
+TINY_MODEL_DIR = Path(__file__).parent / "tiny_model"
+CONNECTOR_MODULE = "fuzz.connector"
+CONNECTOR_CLASS = "ScenarioConnector"
+ATTN_LAYER = "model.layers.3.self_attn.attn"
+MAMBA_LAYERS = [f"model.layers.{i}.linear_attn" for i in range(3)]
+# The function the fuzzer swaps out; its signature is what `--split mod:fn` must match.
+SPLIT_METHOD = "_mamba_block_aligned_split"
+SplitFn = Callable[..., int]
+
+init_none_hash(sha256)
+
+
+@lru_cache(maxsize=1)
+def _model_config() -> ModelConfig:
+    # One ModelConfig per process: the first build costs seconds, and its max_model_len
+    # only bounds the scheduler configs built from it.
+    return ModelConfig(model=str(TINY_MODEL_DIR), skip_tokenizer_init=True, max_model_len=16384)
+
+
+def _engine_key(e: EngineConfig, max_model_len: int) -> tuple:
+    return (
+        e.mamba_block_size, e.attn_block_size, e.hash_block_size, e.max_num_batched_tokens,
+        e.long_prefill_token_threshold, e.max_num_seqs, e.spec_method, e.num_speculative_tokens,
+        e.enable_mamba_shared_prefix_checkpoint, e.prefix_cache_retention_interval,
+        e.enable_prefix_caching, max_model_len,
+    )
+
+
+_VLLM_CONFIGS: dict[tuple, VllmConfig] = {}
+
+
+def vllm_config_for(e: EngineConfig, max_model_len: int) -> VllmConfig:
+    """Build (once per distinct config in this process) the VllmConfig vLLM would use."""
+    key = _engine_key(e, max_model_len)
+    if key in _VLLM_CONFIGS:
+        return _VLLM_CONFIGS[key]
+    model_config = _model_config()
+    cache_config = CacheConfig(
+        block_size=e.mamba_block_size,
+        enable_prefix_caching=e.enable_prefix_caching,
+        mamba_cache_mode="align" if e.enable_prefix_caching else "none",
+        prefix_match_unit=e.prefix_match_unit if e.enable_prefix_caching else None,
+        enable_mamba_shared_prefix_checkpoint=e.enable_mamba_shared_prefix_checkpoint,
+        prefix_cache_retention_interval=e.prefix_cache_retention_interval,
+    )
+    scheduler_config = SchedulerConfig(
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        max_num_seqs=e.max_num_seqs,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=e.long_prefill_token_threshold,
+        is_encoder_decoder=False,
+        enable_chunked_prefill=True,
+    )
+    speculative_config = None
+    if e.uses_spec_decode:
+        speculative_config = SpeculativeConfig(
+            method=e.spec_method,
+            num_speculative_tokens=e.num_speculative_tokens,
+            target_model_config=model_config,
+            target_parallel_config=ParallelConfig(),
+        )
+    kv_transfer_config = KVTransferConfig(
+        kv_connector=CONNECTOR_CLASS, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both"
+    )
+    vc = VllmConfig(
+        model_config=model_config,
+        cache_config=cache_config,
+        scheduler_config=scheduler_config,
+        speculative_config=speculative_config,
+        kv_transfer_config=kv_transfer_config,
+    )
+    _VLLM_CONFIGS[key] = vc
+    return vc
+
+
+def kv_cache_config_for(e: EngineConfig, num_blocks: int) -> KVCacheConfig:
+    attn = FullAttentionSpec(block_size=e.attn_block_size, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    groups = [KVCacheGroupSpec([ATTN_LAYER], attn)]
+    if e.enable_prefix_caching:
+        mamba = MambaSpec(
+            block_size=e.mamba_block_size,
+            shapes=((1, 1),),
+            dtypes=(torch.float32,),
+            mamba_cache_mode="align",
+            num_speculative_blocks=e.num_speculative_tokens if e.uses_spec_decode else 0,
+            num_prefill_checkpoint_blocks=e.num_prefill_checkpoint_blocks,
+            prefill_checkpoint_alignment=e.prefill_checkpoint_alignment,
+        )
+    else:
+        mamba = MambaSpec(
+            block_size=e.mamba_block_size, shapes=((1, 1),), dtypes=(torch.float32,),
+            num_speculative_blocks=e.num_speculative_tokens if e.uses_spec_decode else 0,
+        )
+    groups.append(KVCacheGroupSpec(MAMBA_LAYERS, mamba))
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+@dataclass(frozen=True)
+class CachedMambaEntry:
+    """One prefix-cache key that points at a mamba block."""
+
+    block_hash: bytes
+    block_id: int
+    primary: bool  # the block's own key (block_hash_num_tokens describes it), not a secondary one
+    claimed_tokens: int | None  # block_hash_num_tokens for a primary key
+
+
+class SchedulerSession:
+    """One real vLLM Scheduler plus the handles the harness needs to drive and observe it."""
+
+    def __init__(self, engine: EngineConfig, num_blocks: int, max_model_len: int, split: SplitFn | None):
+        vc = vllm_config_for(engine, max_model_len)
+        vc.cache_config.num_gpu_blocks = num_blocks
+        hash_block_size = engine.hash_block_size if engine.enable_prefix_caching else engine.mamba_block_size
+        self.scheduler = Scheduler(
+            vllm_config=vc,
+            kv_cache_config=kv_cache_config_for(engine, num_blocks),
+            structured_output_manager=StructuredOutputManager(vc),
+            block_size=engine.mamba_block_size,
+            hash_block_size=hash_block_size,
+        )
+        if split is not None:
+            setattr(self.scheduler, SPLIT_METHOD, types.MethodType(split, self.scheduler))
+        self.hash_block_size = hash_block_size
+        self.mamba_block_size = engine.mamba_block_size
+        managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
+        self.mamba_group = next(i for i, m in enumerate(managers) if isinstance(m, MambaManager))
+        self.block_pool = self.scheduler.kv_cache_manager.block_pool
+        self.null_block_id = self.block_pool.null_block.block_id
+        self.connector = self.scheduler.connector
+        self._block_hasher = get_request_block_hasher(hash_block_size, sha256)
+
+    # ---- driving ----------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: list[int], max_tokens: int, arrival: float) -> None:
+        self.scheduler.add_request(
+            Request(
+                request_id=request_id,
+                prompt_token_ids=list(prompt),
+                sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
+                pooling_params=None,
+                arrival_time=arrival,
+                block_hasher=self._block_hasher,
+            )
+        )
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def schedule(self) -> SchedulerOutput:
+        return self.scheduler.schedule()
+
+    def feed(self, out: SchedulerOutput, sampled: dict[str, list[int]], finished_recving: set[str]) -> None:
+        req_ids = list(out.num_scheduled_tokens)
+        self.scheduler.update_from_output(
+            out,
+            ModelRunnerOutput(
+                req_ids=req_ids,
+                req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                sampled_token_ids=[sampled.get(r, []) for r in req_ids],
+                kv_connector_output=KVConnectorOutput(finished_recving=finished_recving) if finished_recving else None,
+            ),
+        )
+
+    def set_drafts(self, drafts: dict[str, list[int]]) -> None:
+        if drafts:
+            ids = list(drafts)
+            self.scheduler.update_draft_token_ids(DraftTokenIds(ids, [drafts[r] for r in ids]))
+
+    # ---- observing --------------------------------------------------------------------
+    def request(self, request_id: str) -> Request | None:
+        return self.scheduler.requests.get(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def mamba_block_ids(self, request_id: str) -> list[int]:
+        return list(self.scheduler.kv_cache_manager.get_block_ids(request_id)[self.mamba_group])
+
+    def block_hashes(self, request_id: str) -> list[bytes]:
+        req = self.scheduler.requests.get(request_id)
+        return list(req.block_hashes) if req is not None else []
+
+    def cached_mamba_entries(self) -> Iterator[CachedMambaEntry]:
+        """Every live prefix-cache key of the mamba group, with the block it points at."""
+        for key, value in self.block_pool.cached_block_hash_to_block._cache.items():
+            if get_group_id(key) != self.mamba_group:
+                continue
+            blocks = value.values() if isinstance(value, dict) else (value,)
+            for block in blocks:
+                primary = block.block_hash == key
+                yield CachedMambaEntry(
+                    bytes(get_block_hash(key)), block.block_id, primary,
+                    block.block_hash_num_tokens if primary else None,
+                )
+
+    @staticmethod
+    def block_copies(out: SchedulerOutput) -> list[tuple[int, int]]:
+        return [(c.src_block_id, c.dst_block_id) for c in (out.kv_cache_block_copies or [])]
+
+    @staticmethod
+    def blocks_to_zero(out: SchedulerOutput) -> list[int]:
+        return list(out.new_block_ids_to_zero or [])
+
+    @staticmethod
+    def dropped_worker_state(out: SchedulerOutput) -> set[str]:
+        """Requests whose worker-side running-state index is forgotten this step
+        (mirrors vllm/v1/worker/mamba_utils.py:cleanup_mamba_state_idx)."""
+        return set(out.finished_req_ids) | set(out.preempted_req_ids or ()) | set(
+            out.scheduled_cached_reqs.resumed_req_ids or ()
+        )
+
+    @staticmethod
+    def spec_tokens(out: SchedulerOutput) -> dict[str, list[int]]:
+        return dict(out.scheduled_spec_decode_tokens)
+
+    @staticmethod
+    def preempted(out: SchedulerOutput) -> set[str]:
+        return set(out.preempted_req_ids or ())
+
+
+def installed_split() -> SplitFn:
+    """The installed vLLM's split, unbound: the `fixed` baseline."""
+    return getattr(Scheduler, SPLIT_METHOD)
+
+
+def is_waiting_for_remote_kv(req: Request) -> bool:
+    return req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
