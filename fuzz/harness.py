@@ -236,8 +236,8 @@ class _Runner:
         live.first_chunk_pending = False
         rec.chunks.append(Chunk(rid, start, n, len(drafts), row.read_column, row.read_block, row.read_state,
                                 live.truth.at(start), first, first and start > 0))
-        for col, block, state in row.writes:
-            rec.writes.append(SlotWrite(rid, col, block, state, "chunk-end"))
+        for col, block, state, cause in row.writes:
+            rec.writes.append(SlotWrite(rid, col, block, state, cause))
         prefill_done = start + base >= req.num_tokens
         if not prefill_done:
             sampled: list[int] = []
@@ -246,8 +246,9 @@ class _Runner:
         else:
             sampled = self._accept(row.outputs[base - 1 :], drafts)
         if self.spec:
-            for col, block, state in self.model.postprocess_spec(rid, table, start, n, len(drafts), max(len(sampled), 1)):
-                rec.writes.append(SlotWrite(rid, col, block, state, "postcopy"))
+            for col, block, state, cause in self.model.postprocess_spec(rid, table, start, n, len(drafts),
+                                                                       max(len(sampled), 1)):
+                rec.writes.append(SlotWrite(rid, col, block, state, cause))
         return sampled
 
     def _ideal_row(self, live: _Live, start: int, tokens: list[int], num_drafts: int, req) -> list[int]:
@@ -319,6 +320,7 @@ class _Runner:
             if new:
                 self.trace.hashed_snapshots += 1
             owner, claimed = self.book.truth.get(entry.block_hash, ("?", State(-3, 0)))
-            rec.cache.append(CacheEntry(entry.block_id, claimed, self.model.state_of(entry.block_id), owner, new,
+            column = -(-claimed.num_tokens // self.s.engine.mamba_block_size) - 1
+            rec.cache.append(CacheEntry(entry.block_id, column, claimed, self.model.state_of(entry.block_id), owner, new,
                                         entry.primary, entry.claimed_tokens))
         self.known_entries = seen

@@ -62,7 +62,7 @@ class RowResult:
     read_block: int
     read_state: State
     outputs: list[int]  # the model's greedy token after each scheduled position
-    writes: list[tuple[int, int, State]] = field(default_factory=list)  # (column, block, state)
+    writes: list[tuple[int, int, State, str]] = field(default_factory=list)  # (column, block, state, cause)
 
 
 class KernelModel:
@@ -109,12 +109,12 @@ class KernelModel:
         curr = cdiv(seq_len, bs) - 1
         prev = self._prev_column.get(rid, (num_computed - 1) // bs)
         accepted = self._num_accepted.get(rid, 1)
-        writes: list[tuple[int, int, State]] = []
+        writes: list[tuple[int, int, State, str]] = []
         if prev != -1 and prev != curr:
             src_col = prev + accepted - 1
             state = self.state_of(table[src_col]) if 0 <= src_col < len(table) else UNSET
             if self._write(table[curr], state):
-                writes.append((curr, table[curr], state))
+                writes.append((curr, table[curr], state, "precopy"))
             accepted = 1
         self._prev_column[rid] = curr
         self._num_accepted[rid] = accepted
@@ -124,7 +124,7 @@ class KernelModel:
             start = self.state_of(table[curr]) if num_computed > 0 else EMPTY
             final = start.extend(tokens)
             if self._write(table[curr], final):
-                writes.append((curr, table[curr], final))
+                writes.append((curr, table[curr], final, "chunk-end"))
             self._maybe_checkpoint(table, num_computed, seq_len, start, tokens, writes)
             outputs = [next_token(final, self.g.vocab_size)]
         else:
@@ -135,12 +135,12 @@ class KernelModel:
             for t, tok in enumerate(tokens):
                 state = state.extend([tok])
                 if curr + t < len(table) and self._write(table[curr + t], state):
-                    writes.append((curr + t, table[curr + t], state))
+                    writes.append((curr + t, table[curr + t], state, "spec-token"))
                 outputs.append(next_token(state, self.g.vocab_size))
         return RowResult(read_col, table[read_col] if read_col < len(table) else -1, start, outputs, writes)
 
     def _maybe_checkpoint(self, table: list[int], num_computed: int, seq_len: int, start: State,
-                          tokens: list[int], writes: list[tuple[int, int, State]]) -> None:
+                          tokens: list[int], writes: list[tuple[int, int, State, str]]) -> None:
         if self.g.checkpoint_alignment is None:
             return
         position = get_mamba_prefill_checkpoint_position(
@@ -155,10 +155,10 @@ class KernelModel:
         column = cdiv(seq_len, self.g.block_size) - 2
         state = start.extend(tokens[: position - num_computed])
         if self._write(table[column], state):
-            writes.append((column, table[column], state))
+            writes.append((column, table[column], state, "checkpoint"))
 
     def postprocess_spec(self, rid: str, table: list[int], num_computed: int, num_scheduled: int,
-                         num_drafts: int, num_accepted: int) -> list[tuple[int, int, State]]:
+                         num_drafts: int, num_accepted: int) -> list[tuple[int, int, State, str]]:
         """After a forward in a spec-decode engine (every row, as the fused kernel does): move
         the state at a crossed block boundary into that boundary's own slot."""
         bs = self.g.block_size
@@ -167,7 +167,7 @@ class KernelModel:
         new_computed = resolved + num_accepted - 1
         aligned = new_computed // bs * bs
         self._num_accepted[rid] = num_accepted
-        writes: list[tuple[int, int, State]] = []
+        writes: list[tuple[int, int, State, str]] = []
         if aligned < resolved:
             return writes
         bias = aligned - resolved
@@ -178,5 +178,5 @@ class KernelModel:
                 return writes
         state = self.state_of(table[src + bias])
         if self._write(table[dest], state):
-            writes.append((dest, table[dest], state))
+            writes.append((dest, table[dest], state, "postcopy"))
         return writes

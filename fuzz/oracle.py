@@ -11,8 +11,8 @@ from fuzz.findings import (
     OutputDivergence,
     ResumeStateMismatch,
     SlotHashMismatch,
-    Stall,
     StaleStateRead,
+    Stall,
     VllmCrash,
 )
 from fuzz.state import State
@@ -32,6 +32,17 @@ def _relation(held: State, claimed: State) -> str:
     return "foreign"
 
 
+def last_write(trace: Trace, block_id: int, before_step: int) -> str:
+    """Who last wrote `block_id`, for the finding's message."""
+    for rec in reversed(trace.steps[: before_step + 1]):
+        for w in reversed(rec.writes):
+            if w.block_id == block_id:
+                chunk = next((c for c in rec.chunks if c.request_id == w.request_id), None)
+                span = f" (chunk {chunk.start}..{chunk.end})" if chunk else ""
+                return f"last written at step {rec.step} by {w.request_id} [{w.cause}]{span}"
+    return "never written by any modelled kernel"
+
+
 def check_slot_hashes(trace: Trace) -> Finding | None:
     """(a) After every step, each mamba block under a hash holds the state the hash claims."""
     for rec in trace.steps:
@@ -39,8 +50,9 @@ def check_slot_hashes(trace: Trace) -> Finding | None:
             if e.held != e.claimed:
                 rel = _relation(e.held, e.claimed)
                 return SlotHashMismatch(
-                    f"step {rec.step}: mamba block {e.block_id} is published as the state after "
-                    f"{e.claimed.num_tokens} tokens of {e.claimed_by} but holds {e.held} ({rel})",
+                    f"step {rec.step}: mamba block {e.block_id} (slot {e.column} of {e.claimed_by}) is published "
+                    f"as the state after {e.claimed.num_tokens} tokens but holds {e.held} ({rel}); "
+                    f"{last_write(trace, e.block_id, rec.step)}",
                     location=rel, step=rec.step, request_id=e.claimed_by,
                 )
             if e.primary and e.recorded_tokens is not None and e.recorded_tokens != e.claimed.num_tokens:

@@ -43,6 +43,7 @@ class CacheEntry:
     """One prefix-cache key on a mamba block, after the step's forward."""
 
     block_id: int
+    column: int  # the block-table slot p that the claim corresponds to: cdiv(tokens, block) - 1
     claimed: State  # what the hash promises: the state after exactly these tokens
     held: State  # what the kernel model says the block holds
     claimed_by: str  # the request whose tokens define the hash

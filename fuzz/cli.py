@@ -1,0 +1,116 @@
+"""`mambafuzz`: replay, fuzz, minimize and curate scenarios against vLLM's real scheduler.
+
+Exit codes everywhere: 0 clean / nothing found, 1 violation found, 2 bad input or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+
+SPLIT_HELP = ("chunk split under test: fixed (installed vLLM, default), prefix (pre-fix behaviour, both gates), "
+              "realign (only the pre-fix mid-block realign gate), or package.module:function "
+              "(same signature as Scheduler._mamba_block_aligned_split)")
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        print(f"mambafuzz: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="mambafuzz", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    r = sub.add_parser("repro", help="replay scenario files and print their verdicts",
+                       description="Run each scenario through vLLM's real scheduler with the kernel model and "
+                                   "print the oracle's verdict. A file with an 'expected' table also reports "
+                                   "whether the verdict matches it.")
+    r.add_argument("files", nargs="+", metavar="FILE")
+    r.add_argument("--split", default="fixed", help=SPLIT_HELP)
+    r.add_argument("--trace", action="store_true", help="print a step table: chunks, slot writes, new hashes")
+    r.add_argument("--json", action="store_true", help="print one JSON object per file instead of text")
+    r.add_argument("--no-differential", action="store_true", help="skip the prefix-caching-off run")
+    r.add_argument("--strict-efficiency", action="store_true",
+                   help="count the efficiency differential against the installed split as a failure")
+
+    from fuzz import cli_fuzz  # the fuzzing commands live beside this file
+
+    cli_fuzz.add_commands(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args) if hasattr(args, "handler") else cmd_repro(args)
+    except UsageError as exc:
+        print(f"mambafuzz: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("mambafuzz: interrupted", file=sys.stderr)
+        return 130
+
+
+def _split_or_usage(name: str):
+    from fuzz import splits
+
+    try:
+        splits.resolve(name)
+    except splits.SplitError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    from fuzz import corpus
+    from fuzz.pipeline import evaluate
+    from fuzz.report import describe, step_table
+
+    _split_or_usage(args.split)
+    worst = EXIT_CLEAN
+    for path in args.files:
+        try:
+            case = corpus.load_case(path)
+        except corpus.CaseError as exc:
+            print(f"mambafuzz: {exc}", file=sys.stderr)
+            worst = EXIT_USAGE
+            continue
+        ev = evaluate(case.scenario, args.split, differential=not args.no_differential,
+                      strict_efficiency=args.strict_efficiency)
+        expected = case.expected.get(args.split)
+        if args.json:
+            print(json.dumps(describe(path, args.split, ev, expected)))
+        else:
+            _print_text(path, args.split, ev, expected)
+            if args.trace:
+                print(step_table(ev.trace))
+        if not ev.verdict.clean and worst == EXIT_CLEAN:
+            worst = EXIT_FOUND
+    return worst
+
+
+def _print_text(path: str, split: str, ev, expected: str | None) -> None:
+    v = ev.verdict
+    head = "clean" if v.clean else f"VIOLATION {v.kind}"
+    print(f"{path} [split {split}]: {head}")
+    for f in v.findings:
+        print(f"  {f.kind}: {f.message}")
+        print(f"  signature: {f.signature}")
+    for f in v.reports:
+        print(f"  report ({f.kind}): {f.message}")
+    if expected is not None:
+        print(f"  expected: {expected} ({'matches' if expected == v.kind else 'MISMATCH'})")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,156 @@
+"""Scenario files on disk: loading with one-line errors, atomic writes, and directory walks
+that skip junk with a warning instead of failing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fuzz.scenario import FORMAT_NAME, Scenario, ScenarioError, from_json
+
+MAX_FILE_BYTES = 1 << 20
+KNOWN_KINDS = ("clean", "slot_hash", "resume_state", "stale_read", "output_divergence", "stall", "vllm_crash")
+
+
+class CaseError(ValueError):
+    """A case file that cannot be used; str() is one line naming the file and the problem."""
+
+
+@dataclass
+class Case:
+    path: Path
+    scenario: Scenario
+    expected: dict[str, str] = field(default_factory=dict)  # split -> kind
+    extra: dict[str, Any] = field(default_factory=dict)  # note, origin, finding: kept verbatim
+
+
+def parse_case(text: str, where: str) -> Case:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CaseError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise CaseError(f"{where}: not valid JSON (nested too deeply)") from None
+    try:
+        scenario = from_json(raw)
+    except ScenarioError as exc:
+        raise CaseError(f"{where}: {'; '.join(exc.problems)}") from None
+    expected = raw.get("expected", {})
+    if not isinstance(expected, dict) or any(
+        not isinstance(k, str) or v not in KNOWN_KINDS for k, v in expected.items()
+    ):
+        raise CaseError(f"{where}: expected must map split names to one of {', '.join(KNOWN_KINDS)}")
+    extra = {k: raw[k] for k in ("note", "origin", "finding") if k in raw}
+    return Case(Path(where), scenario, dict(expected), extra)
+
+
+def load_case(path: str | os.PathLike) -> Case:
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise CaseError(f"{p}: not a regular file" if p.exists() else f"{p}: no such file")
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise CaseError(f"{p}: larger than {MAX_FILE_BYTES} bytes")
+        text = p.read_text(encoding="utf-8")
+    except CaseError:
+        raise
+    except UnicodeDecodeError:
+        raise CaseError(f"{p}: not UTF-8 text") from None
+    except OSError as exc:
+        raise CaseError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    case = parse_case(text, str(p))
+    case.path = p
+    return case
+
+
+def case_json(scenario: Scenario, expected: dict[str, str] | None = None, **extra: Any) -> str:
+    raw = scenario.to_json()
+    if expected:
+        raw["expected"] = dict(expected)
+    for k, v in extra.items():
+        if v is not None:
+            raw[k] = v
+    return json.dumps(raw, indent=1) + "\n"
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write to a temporary file in the same directory, fsync it, then rename it into place:
+    a reader sees the old file or the whole new one, never a torn one."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    blob = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        dfd = os.open(p.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def content_name(data: str | bytes, suffix: str = ".json") -> str:
+    blob = data.encode() if isinstance(data, str) else data
+    return hashlib.sha1(blob).hexdigest()[:16] + suffix
+
+
+@dataclass
+class WalkStats:
+    loaded: int = 0
+    skipped: int = 0
+
+
+def iter_cases(paths: list[str | os.PathLike], stats: WalkStats | None = None, warn=None) -> Iterator[Case]:
+    """Every usable case under `paths` (files or directories, sorted); anything else is
+    skipped with one warning line, and counted."""
+    stats = stats if stats is not None else WalkStats()
+    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
+    for root in paths:
+        root = Path(root)
+        if root.is_dir():
+            files = sorted(p for p in root.rglob("*") if not p.name.startswith("."))
+        else:
+            files = [root]
+        for p in files:
+            if p.is_symlink():
+                warn(f"{p}: skipped, a symlink")
+                stats.skipped += 1
+                continue
+            if p.is_dir():
+                continue
+            if p.suffix != ".json":
+                warn(f"{p}: skipped, not a .json scenario")
+                stats.skipped += 1
+                continue
+            try:
+                case = load_case(p)
+            except CaseError as exc:
+                warn(f"{exc} (skipped)")
+                stats.skipped += 1
+                continue
+            stats.loaded += 1
+            yield case
+
+
+def is_scenario_text(text: str) -> bool:
+    return FORMAT_NAME in text[:200]

@@ -1,0 +1,61 @@
+"""Human and machine renderings of verdicts and traces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fuzz.trace import Trace
+
+
+def describe(path: str, split: str, ev, expected: str | None) -> dict[str, Any]:
+    v = ev.verdict
+    return {
+        "file": str(path),
+        "split": split,
+        "verdict": v.kind,
+        "findings": [f.to_json() for f in v.findings],
+        "reports": [f.to_json() for f in v.reports],
+        "expected": expected,
+        "matches_expected": None if expected is None else expected == v.kind,
+        "steps": len(ev.trace.steps),
+        "forward_steps": ev.trace.forward_steps,
+        "hashed_snapshots": ev.trace.hashed_snapshots,
+        "prefix_hit_tokens": ev.trace.prefix_hit_tokens,
+    }
+
+
+def step_table(trace: Trace) -> str:
+    """One block per step: arrivals/admissions, each chunk, slot writes, newly hashed blocks."""
+    lines = [f"{'step':>4}  {'what':<10} detail"]
+    for rec in trace.steps:
+        rows: list[tuple[str, str]] = []
+        if rec.arrivals:
+            rows.append(("arrive", " ".join(rec.arrivals)))
+        if rec.aborts:
+            rows.append(("abort", " ".join(rec.aborts)))
+        for a in rec.admissions:
+            ext = f" + connector {a.external_tokens}{' async' if a.external_async else ''}" if a.external_tokens else ""
+            rows.append(("admit", f"{a.request_id} local hit {a.local_hit_tokens}{ext}"))
+        for c in rec.chunks:
+            drafts = f" (+{c.num_drafts} drafts)" if c.num_drafts else ""
+            mark = "" if c.read_state == c.true_state else f"  <-- expected {c.true_state}"
+            rows.append(("chunk", f"{c.request_id} {c.start}->{c.end}{drafts} reads slot {c.read_column} "
+                                  f"(block {c.read_block}) {c.read_state}{mark}"))
+        for w in rec.writes:
+            who = "" if w.request_id == "-" else f"{w.request_id} "
+            slot = f"slot {w.column} " if w.column >= 0 else ""
+            rows.append(("write", f"{who}{slot}block {w.block_id} <- {w.state} [{w.cause}]"))
+        for e in rec.cache:
+            if e.new or e.held != e.claimed:
+                mark = "" if e.held == e.claimed else "  <-- POISONED"
+                rows.append(("hashed" if e.new else "cached",
+                             f"block {e.block_id} claims {e.claimed} of {e.claimed_by}, holds {e.held}{mark}"))
+        for rid in rec.preempted:
+            rows.append(("preempt", rid))
+        for rid in rec.finished:
+            rows.append(("finish", f"{rid} {trace.finish_status.get(rid, '')}"))
+        for i, (what, detail) in enumerate(rows):
+            lines.append(f"{rec.step if i == 0 else '':>4}  {what:<10} {detail}")
+    if trace.crash:
+        lines.append(f"crash at step {trace.crash.step}: {trace.crash.exc_type}: {trace.crash.message}")
+    return "\n".join(lines)
