@@ -90,9 +90,11 @@ def with_pool(s: Scenario, num_blocks: int) -> Scenario:
 # ---- the bare baseline ----------------------------------------------------------------
 
 
-def bare_run(s: Scenario, prefix_caching: bool = True) -> int:
+def bare_run(s: Scenario, prompts: list[list[int]], prefix_caching: bool = True) -> int:
     """Drive the same Scheduler the harness builds with no kernel model, truth or oracle;
-    returns the number of engine steps taken (to check it matches the harness)."""
+    returns the number of engine steps taken (to check it matches the harness).  `prompts`
+    are the scenario's prompt token ids, built once outside the timing: turning a scenario
+    into token ids is harness work, not vLLM's."""
     engine = s.engine if prefix_caching else harness._without_prefix_caching(s.engine)
     num_blocks = engine.num_gpu_blocks or ample_pool_blocks(s)
     session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None)
@@ -109,9 +111,11 @@ def bare_run(s: Scenario, prefix_caching: bool = True) -> int:
             break
         for i, (rid, r) in enumerate(zip(ids, s.requests, strict=True)):
             if r.arrival_step == step:
-                session.add_request(rid, s.prompt_tokens(i), r.max_tokens, float(step))
-            elif r.abort_step == step and (req := session.request(rid)) is not None and not req.is_finished():
-                session.abort([rid])
+                session.add_request(rid, prompts[i], r.max_tokens, float(step))
+        aborts = [rid for rid, r in zip(ids, s.requests, strict=True) if r.abort_step == step
+                  and (req := session.request(rid)) is not None and not req.is_finished()]
+        if aborts:
+            session.abort(aborts)
         out = session.schedule()
         spec_tokens = out.scheduled_spec_decode_tokens
         sampled: dict[str, list[int]] = {}
@@ -138,36 +142,58 @@ def bare_run(s: Scenario, prefix_caching: bool = True) -> int:
     return step
 
 
-def bare_two_runs(s: Scenario) -> None:
-    bare_run(s, True)
-    bare_run(s, False)
+def bare_two_runs(s: Scenario, prompts: list[list[int]]) -> None:
+    bare_run(s, prompts, True)
+    bare_run(s, prompts, False)
 
 
 # ---- timing ---------------------------------------------------------------------------
 
-MODES: dict[str, Callable[[Scenario], object]] = {
-    "bare1": bare_run,
-    "bare2": bare_two_runs,
-    "harness1": harness.run,
-    "evaluate": lambda s: pipeline.evaluate(s, "fixed"),
-    "fresh10k1": lambda s: harness.run(with_pool(s, FRESH_BLOCKS)),
-    "fresh10k": lambda s: pipeline.evaluate(with_pool(s, FRESH_BLOCKS), "fixed"),
+
+@dataclasses.dataclass
+class Case:
+    scenario: Scenario
+    prompts: list[list[int]]  # for the bare loop only
+    fresh: Scenario  # the scenario with a 10,000-block pool
+
+
+MODES: dict[str, Callable[[Case], object]] = {
+    "bare1": lambda c: bare_run(c.scenario, c.prompts),
+    "bare2": lambda c: bare_two_runs(c.scenario, c.prompts),
+    "harness1": lambda c: harness.run(c.scenario),
+    "evaluate": lambda c: pipeline.evaluate(c.scenario, "fixed"),
+    "fresh10k1": lambda c: harness.run(c.fresh),
+    "fresh10k": lambda c: pipeline.evaluate(c.fresh, "fixed"),
 }
 
 
-def measure(cases: dict[str, Scenario], reps: int, number: int) -> dict[str, dict[str, float]]:
-    """Median seconds per single execution, per scenario and mode.  Modes are interleaved
-    within each rep so drift hits them alike."""
-    samples: dict[str, dict[str, list[float]]] = {n: {m: [] for m in MODES} for n in cases}
+def measure(cases: dict[str, Case], reps: int, number: int, gc_mode: str) -> tuple[dict, dict]:
+    """Seconds per single execution: (median per scenario and mode, median suite total per mode).
+
+    One rep of a mode runs every scenario `number` times back to back.  A full collection
+    (gc.collect) precedes each rep of each mode, so a cyclic-GC pause inside a rep is paid
+    by the mode whose allocations triggered it (the 10k-block pools allocate 10,000 blocks
+    per run, and a full collection of this process's heap takes a sizeable fraction of a
+    second); which scenario it lands on is arbitrary, so read the suite totals."""
+    per: dict[str, dict[str, list[float]]] = {n: {m: [] for m in MODES} for n in cases}
+    suite: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(reps):
-        gc.collect()
-        for name, s in cases.items():
-            for mode, fn in MODES.items():
+        for mode, fn in MODES.items():
+            gc.collect()
+            if gc_mode == "off":
+                gc.disable()
+            rep_total = 0.0
+            for name, case in cases.items():
                 t0 = time.perf_counter()
                 for _ in range(number):
-                    fn(s)
-                samples[name][mode].append((time.perf_counter() - t0) / number)
-    return {n: {m: statistics.median(v) for m, v in per.items()} for n, per in samples.items()}
+                    fn(case)
+                dt = (time.perf_counter() - t0) / number
+                per[name][mode].append(dt)
+                rep_total += dt
+            gc.enable()
+            suite[mode].append(rep_total)
+    med = {n: {m: statistics.median(v) for m, v in d.items()} for n, d in per.items()}
+    return med, {m: statistics.median(v) for m, v in suite.items()}
 
 
 def verdict(ok: bool) -> str:
@@ -177,68 +203,69 @@ def verdict(ok: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5, help="repetitions per measurement; the median is reported")
-    ap.add_argument("--number", type=int, default=3, help="back-to-back executions inside one timed rep")
+    ap.add_argument("--number", type=int, default=3, help="back-to-back executions of each scenario in one rep")
+    ap.add_argument("--gc", choices=("on", "off", "freeze"), default="on",
+                    help="cyclic GC while timing: on (as a fuzz run sees it), off (as timeit does), or "
+                         "freeze (gc.freeze() after warm-up, so full collections skip vLLM/torch's heap)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     args = ap.parse_args(argv)
 
-    cases = scenarios()
-    for name, s in cases.items():
+    scen = scenarios()
+    for name, s in scen.items():
         problems = validate(s)
         if problems:
             print(f"scenario {name} is invalid: {problems}", file=sys.stderr)
             return 2
+    cases = {n: Case(s, [s.prompt_tokens(i) for i in range(len(s.requests))], with_pool(s, FRESH_BLOCKS))
+             for n, s in scen.items()}
 
-    # Warm-up: builds (and caches) every VllmConfig, imports lazily loaded modules; excluded.
+    # Warm-up: builds (and caches) every VllmConfig and imports what vLLM loads lazily; excluded.
     t0 = time.perf_counter()
     info: dict[str, dict[str, object]] = {}
-    for name, s in cases.items():
+    for name, case in cases.items():
+        s = case.scenario
         ev = pipeline.evaluate(s, "fixed")
         for fn in MODES.values():
-            fn(s)
-        bare_steps = bare_run(s)
+            fn(case)
         info[name] = {
             "requests": len(s.requests),
             "pool_blocks": s.engine.num_gpu_blocks or ample_pool_blocks(s),
             "harness_steps": len(ev.trace.steps),
-            "bare_steps": bare_steps,
+            "bare_steps": bare_run(s, case.prompts),
             "clean": not ev.verdict.findings and ev.trace.crash is None,
         }
     warmup_s = time.perf_counter() - t0
+    if args.gc == "freeze":
+        gc.collect()
+        gc.freeze()
 
-    med = measure(cases, args.reps, args.number)
+    med, totals = measure(cases, args.reps, args.number, args.gc)
 
-    def total(mode: str) -> float:
-        return sum(m[mode] for m in med.values())
+    execs_per_s = len(cases) / totals["evaluate"]
+    r_one = totals["harness1"] / totals["bare1"]
+    r_eval = totals["evaluate"] / totals["bare2"]
+    r_fresh = totals["fresh10k"] / totals["evaluate"]
+    r_fresh_one = totals["fresh10k1"] / totals["harness1"]
 
-    n_cases = len(cases)
-    execs_per_s = n_cases / total("evaluate")
-    r_one = total("harness1") / total("bare1")
-    r_eval = total("evaluate") / total("bare2")
-    r_fresh = total("fresh10k") / total("evaluate")
-    r_fresh_one = total("fresh10k1") / total("harness1")
-
-    result = {
-        "reps": args.reps,
-        "number": args.number,
-        "warmup_s": warmup_s,
-        "scenarios": {n: {**info[n], **{f"{m}_ms": 1e3 * t for m, t in med[n].items()}} for n in cases},
-        "totals_ms": {m: 1e3 * total(m) for m in MODES},
-        "evaluate_execs_per_s": execs_per_s,
-        "harness_one_run_over_bare": r_one,
-        "evaluate_over_bare_two_runs": r_eval,
-        "fresh10k_over_harness_evaluate": r_fresh,
-        "fresh10k_over_harness_one_run": r_fresh_one,
-        "targets": {
-            "harness_one_run_over_bare_max": TARGET_BARE_RATIO,
-            "evaluate_over_bare_two_runs_max": TARGET_BARE_RATIO,
-            "fresh10k_speedup_min": TARGET_FRESH_SPEEDUP,
-        },
-    }
     if args.json:
-        print(json.dumps(result, indent=1))
+        print(json.dumps({
+            "reps": args.reps,
+            "number": args.number,
+            "gc": args.gc,
+            "warmup_s": warmup_s,
+            "scenarios": {n: {**info[n], **{f"{m}_ms": 1e3 * v for m, v in med[n].items()}} for n in cases},
+            "suite_ms": {m: 1e3 * v for m, v in totals.items()},
+            "evaluate_execs_per_s": execs_per_s,
+            "harness_one_run_over_bare": r_one,
+            "evaluate_over_bare_two_runs": r_eval,
+            "fresh10k_over_harness_evaluate": r_fresh,
+            "fresh10k_over_harness_one_run": r_fresh_one,
+            "targets": {"harness_over_bare_max": TARGET_BARE_RATIO, "fresh10k_speedup_min": TARGET_FRESH_SPEEDUP},
+        }, indent=1))
         return 0
 
-    print(f"warm-up (excluded): {warmup_s:.2f}s; median of {args.reps} reps x {args.number} executions; times in ms\n")
+    print(f"warm-up (excluded): {warmup_s:.2f}s; gc {args.gc}; median of {args.reps} reps x {args.number} "
+          f"executions per scenario; ms per execution\n")
     head = (f"{'scenario':<22} {'req':>3} {'pool':>5} {'steps h/b':>9} {'bare1':>7} {'harn1':>7} {'h1/b1':>6} "
             f"{'bare2':>7} {'eval':>7} {'ev/b2':>6} {'fr10k':>8} {'fr/ev':>6} {'eval/s':>7}")
     print(head)
@@ -251,9 +278,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{1e3 * m['bare2']:>7.2f} {1e3 * m['evaluate']:>7.2f} {m['evaluate'] / m['bare2']:>5.2f}x "
               f"{1e3 * m['fresh10k']:>8.2f} {m['fresh10k'] / m['evaluate']:>5.1f}x {1 / m['evaluate']:>7.0f}")
     print("-" * len(head))
-    print(f"{'total':<22} {'':>3} {'':>5} {'':>9} {1e3 * total('bare1'):>7.2f} {1e3 * total('harness1'):>7.2f} "
-          f"{r_one:>5.2f}x {1e3 * total('bare2'):>7.2f} {1e3 * total('evaluate'):>7.2f} {r_eval:>5.2f}x "
-          f"{1e3 * total('fresh10k'):>8.2f} {r_fresh:>5.1f}x {execs_per_s:>7.0f}")
+    t = totals
+    print(f"{'suite (median total)':<22} {'':>3} {'':>5} {'':>9} {1e3 * t['bare1']:>7.2f} {1e3 * t['harness1']:>7.2f} "
+          f"{r_one:>5.2f}x {1e3 * t['bare2']:>7.2f} {1e3 * t['evaluate']:>7.2f} {r_eval:>5.2f}x "
+          f"{1e3 * t['fresh10k']:>8.2f} {r_fresh:>5.1f}x {execs_per_s:>7.0f}")
+    print("(per-scenario fr10k figures carry GC pauses wherever they happened to land; the suite row is the measure)")
     unclean = [n for n, i in info.items() if not i["clean"]]
     mismatched = [n for n, i in info.items() if i["harness_steps"] != i["bare_steps"]]
     if unclean:
@@ -261,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     if mismatched:
         print(f"note: harness and bare step counts differ on {', '.join(mismatched)}")
 
-    print("\nheadline")
-    print(f"  a. evaluate() executions/s:                 {execs_per_s:8.1f}   (whole harness: cached + uncached + oracle)")
+    print("\nheadline (suite medians)")
+    print(f"  a. evaluate() executions/s:                 {execs_per_s:8.1f}   (cached + uncached run + oracle)")
     print(f"  b. harness(one run)/bare:                   {r_one:8.2f}x  target <= {TARGET_BARE_RATIO}x  "
           f"{verdict(r_one <= TARGET_BARE_RATIO)}")
     print(f"     evaluate(2 runs + oracle)/bare(2 runs):  {r_eval:8.2f}x  target <= {TARGET_BARE_RATIO}x  "

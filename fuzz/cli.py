@@ -75,6 +75,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     from fuzz import corpus
     from fuzz.pipeline import evaluate
     from fuzz.report import describe, step_table
+    from fuzz.scenario import ScenarioError
 
     _split_or_usage(args.split)
     worst = EXIT_CLEAN
@@ -85,8 +86,13 @@ def cmd_repro(args: argparse.Namespace) -> int:
             print(f"mambafuzz: {exc}", file=sys.stderr)
             worst = EXIT_USAGE
             continue
-        ev = evaluate(case.scenario, args.split, differential=not args.no_differential,
-                      strict_efficiency=args.strict_efficiency)
+        try:
+            ev = evaluate(case.scenario, args.split, differential=not args.no_differential,
+                          strict_efficiency=args.strict_efficiency)
+        except ScenarioError as exc:
+            print(f"mambafuzz: {path}: {'; '.join(exc.problems)}", file=sys.stderr)
+            worst = EXIT_USAGE
+            continue
         expected = case.expected.get(args.split)
         if args.json:
             print(json.dumps(describe(path, args.split, ev, expected)))

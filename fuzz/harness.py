@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fuzz import vllm_bridge as vb
 from fuzz.connector import ExternalHit
 from fuzz.kernel_model import KernelGeometry, KernelModel
-from fuzz.scenario import VOCAB_SIZE, Scenario, ample_pool_blocks
+from fuzz.scenario import VOCAB_SIZE, Scenario, ScenarioError, ample_pool_blocks
 from fuzz.state import PrefixStates, State, next_token
 from fuzz.trace import Admission, CacheEntry, Chunk, Crash, SlotWrite, StepRecord, Trace
 
@@ -66,7 +66,9 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
     trace = Trace(split=split_name, prefix_caching=prefix_caching, step_bound=scenario.liveness_bound())
     try:
         session = vb.SchedulerSession(engine, num_blocks, scenario.max_model_len(), split)
-    except Exception as exc:  # vLLM refused the config or failed to build
+    except vb.ConfigRejected as exc:
+        raise ScenarioError([str(exc)]) from None
+    except Exception as exc:  # vLLM failed to build a scheduler for a config it accepted
         trace.crash = Crash(type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", _vllm_frame(exc), -1)
         return trace
     _Runner(scenario, session, trace, prefix_caching).run()

@@ -159,13 +159,14 @@ def judge(cached: Trace, uncached: Trace | None = None, reference: Trace | None 
           strict_efficiency: bool = False) -> Verdict:
     verdict = Verdict()
     checks = [check_crash(cached), check_slot_hashes(cached), check_reads(cached)]
-    if uncached is not None:
+    if uncached is not None and uncached.crash is None and not uncached.unfinished:
         checks.append(check_outputs(cached, uncached))
     checks.append(check_liveness(cached) if cached.crash is None else None)
-    if uncached is not None and uncached.crash is not None:
-        c = check_crash(uncached)
-        c.message = "prefix caching off: " + c.message
-        checks.append(c)
+    if uncached is not None:
+        other = check_crash(uncached) or check_liveness(uncached)
+        if other is not None:
+            other.message = "prefix caching off: " + other.message
+            checks.append(other)
     verdict.findings = [f for f in checks if f is not None]
     if reference is not None:
         eff = check_efficiency(cached, reference)

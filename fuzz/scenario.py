@@ -258,6 +258,11 @@ def validate(s: Scenario) -> list[str]:
     retention = e.prefix_cache_retention_interval
     if retention and retention % e.mamba_block_size:
         p.append(f"engine.prefix_cache_retention_interval {retention} must be a multiple of mamba_block_size {e.mamba_block_size}")
+    if s.requests and e.long_prefill_token_threshold > s.max_model_len():
+        p.append(f"engine.long_prefill_token_threshold {e.long_prefill_token_threshold} exceeds the longest "
+                 f"request ({s.max_model_len()} tokens); vLLM refuses it")
+    if e.max_num_batched_tokens < e.max_num_seqs:
+        p.append(f"engine.max_num_batched_tokens {e.max_num_batched_tokens} must be >= max_num_seqs {e.max_num_seqs}")
     if e.max_num_batched_tokens < 1 + e.num_speculative_tokens:
         p.append("engine.max_num_batched_tokens must fund one decode step (1 + num_speculative_tokens)")
 
@@ -307,7 +312,8 @@ def blocks_for_request(e: EngineConfig, num_tokens: int) -> int:
     group's resident state blocks in align mode (two, plus speculative and checkpoint blocks)."""
     attn = -(-num_tokens // e.attn_block_size)
     mamba = 2 + e.num_speculative_tokens + e.num_prefill_checkpoint_blocks
-    return attn + mamba + 1
+    # + slack for the null block and the allocator's watermark (1% of the pool)
+    return attn + mamba + 4 + (attn + mamba) // 50
 
 
 def min_pool_blocks(s: Scenario) -> int:

@@ -87,6 +87,10 @@ def _engine_key(e: EngineConfig, max_model_len: int) -> tuple:
 _VLLM_CONFIGS: dict[tuple, VllmConfig] = {}
 
 
+class ConfigRejected(ValueError):
+    """vLLM's own config validation refused the scenario's engine config (bad input, not a finding)."""
+
+
 def vllm_config_for(e: EngineConfig, max_model_len: int) -> VllmConfig:
     """Build (once per distinct config in this process) the VllmConfig vLLM would use."""
     key = _engine_key(e, max_model_len)
@@ -131,6 +135,16 @@ def vllm_config_for(e: EngineConfig, max_model_len: int) -> VllmConfig:
     return vc
 
 
+def _checked_config(e: EngineConfig, max_model_len: int) -> VllmConfig:
+    try:
+        return vllm_config_for(e, max_model_len)
+    except Exception as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        detail = next((ln for ln in lines if "error" in ln.lower() and "validation error" not in ln.lower()),
+                      lines[0] if lines else type(exc).__name__)
+        raise ConfigRejected(f"vLLM refuses this engine config: {detail.split(' [type=')[0]}") from None
+
+
 def kv_cache_config_for(e: EngineConfig, num_blocks: int) -> KVCacheConfig:
     attn = FullAttentionSpec(block_size=e.attn_block_size, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
     groups = [KVCacheGroupSpec([ATTN_LAYER], attn)]
@@ -167,7 +181,7 @@ class SchedulerSession:
     """One real vLLM Scheduler plus the handles the harness needs to drive and observe it."""
 
     def __init__(self, engine: EngineConfig, num_blocks: int, max_model_len: int, split: SplitFn | None):
-        vc = vllm_config_for(engine, max_model_len)
+        vc = _checked_config(engine, max_model_len)
         vc.cache_config.num_gpu_blocks = num_blocks
         hash_block_size = engine.hash_block_size if engine.enable_prefix_caching else engine.mamba_block_size
         self.scheduler = Scheduler(
@@ -187,19 +201,22 @@ class SchedulerSession:
         self.null_block_id = self.block_pool.null_block.block_id
         self.connector = self.scheduler.connector
         self._block_hasher = get_request_block_hasher(hash_block_size, sha256)
+        # Our own references: vLLM drops finished requests from `scheduler.requests` inside
+        # update_from_output, before their last sampled token could be read back.
+        self._requests: dict[str, Request] = {}
 
     # ---- driving ----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: list[int], max_tokens: int, arrival: float) -> None:
-        self.scheduler.add_request(
-            Request(
-                request_id=request_id,
-                prompt_token_ids=list(prompt),
-                sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
-                pooling_params=None,
-                arrival_time=arrival,
-                block_hasher=self._block_hasher,
-            )
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt),
+            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
+            pooling_params=None,
+            arrival_time=arrival,
+            block_hasher=self._block_hasher,
         )
+        self._requests[request_id] = request
+        self.scheduler.add_request(request)
 
     def abort(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
@@ -226,7 +243,7 @@ class SchedulerSession:
 
     # ---- observing --------------------------------------------------------------------
     def request(self, request_id: str) -> Request | None:
-        return self.scheduler.requests.get(request_id)
+        return self._requests.get(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -235,7 +252,7 @@ class SchedulerSession:
         return list(self.scheduler.kv_cache_manager.get_block_ids(request_id)[self.mamba_group])
 
     def block_hashes(self, request_id: str) -> list[bytes]:
-        req = self.scheduler.requests.get(request_id)
+        req = self._requests.get(request_id)
         return list(req.block_hashes) if req is not None else []
 
     def cached_mamba_entries(self) -> Iterator[CachedMambaEntry]:

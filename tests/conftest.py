@@ -1,0 +1,39 @@
+"""Shared builders: small scenarios readable at a glance."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from fuzz.scenario import EngineConfig, RequestSpec, Scenario  # noqa: E402
+
+MAMBA_BLOCK_SIZE = 1600
+ATTN_BLOCK_SIZE = 16
+
+
+def first_chunk_scenario() -> Scenario:
+    """Prompt 2002 over a 1600-token mamba block, MTP, and a 1300-token neighbour that
+    eats the budget: the known-bad first-chunk fragmentation."""
+    return Scenario(
+        engine=EngineConfig(mamba_block_size=MAMBA_BLOCK_SIZE, attn_block_size=ATTN_BLOCK_SIZE, prefix_match_unit=16,
+                            max_num_batched_tokens=2048, spec_method="mtp", num_speculative_tokens=1),
+        requests=[RequestSpec(unique_len=1300, max_tokens=4), RequestSpec(unique_len=2002, max_tokens=4)],
+    )
+
+
+def shared_prefix_scenario(block: int = 64) -> Scenario:
+    """Two requests sharing a prefix; the second arrives after the first has cached it."""
+    return Scenario(
+        engine=EngineConfig(mamba_block_size=block, attn_block_size=16, max_num_batched_tokens=256),
+        prefixes=[3 * block + 10],
+        requests=[RequestSpec(prefix_ids=[0], unique_len=5, max_tokens=3),
+                  RequestSpec(arrival_step=6, prefix_ids=[0], unique_len=7, max_tokens=3)],
+    )
+
+
+@pytest.fixture
+def first_chunk() -> Scenario:
+    return first_chunk_scenario()

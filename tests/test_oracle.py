@@ -1,0 +1,94 @@
+"""Each oracle check fires on a trace built to violate it and stays silent on a clean one."""
+
+from fuzz import oracle
+from fuzz.findings import (
+    Inefficiency,
+    OutputDivergence,
+    ResumeStateMismatch,
+    SlotHashMismatch,
+    Stall,
+    StaleStateRead,
+    VllmCrash,
+)
+from fuzz.state import EMPTY, PrefixStates
+from fuzz.trace import CacheEntry, Chunk, Crash, SlotWrite, StepRecord, Trace
+
+TOKENS = list(range(1, 40))
+TRUTH = PrefixStates(TOKENS)
+
+
+def chunk(start, n, read_state=None, first=False):
+    return Chunk("r0", start, n, 0, 0, 7, read_state or TRUTH.at(start), TRUTH.at(start), first, first and start > 0)
+
+
+def clean_trace() -> Trace:
+    t = Trace(split="fixed", prefix_caching=True, step_bound=50)
+    t.steps = [
+        StepRecord(0, chunks=[chunk(0, 16)], writes=[SlotWrite("r0", 0, 7, TRUTH.at(16), "chunk-end")],
+                   cache=[CacheEntry(7, 0, TRUTH.at(16), TRUTH.at(16), "r0", True, True, 16)]),
+        StepRecord(1, chunks=[chunk(16, 4)]),
+    ]
+    t.outputs = {"r0": [5, 6]}
+    t.finish_status = {"r0": "FINISHED_LENGTH_CAPPED"}
+    return t
+
+
+def test_clean_trace_is_clean():
+    t = clean_trace()
+    v = oracle.judge(t, clean_trace(), clean_trace())
+    assert v.clean and not v.reports and v.kind == "clean"
+
+
+def test_slot_hash_fires_on_poisoned_block_and_names_the_writer():
+    t = clean_trace()
+    t.steps[0].writes = [SlotWrite("r0", 0, 7, TRUTH.at(10), "chunk-end")]
+    t.steps[0].cache = [CacheEntry(7, 0, TRUTH.at(16), TRUTH.at(10), "r0", True, True, 16)]
+    f = oracle.check_slot_hashes(t)
+    assert isinstance(f, SlotHashMismatch)
+    assert f.signature == "slot_hash:short"
+    assert "block 7 (slot 0 of r0)" in f.message and "after 16 tokens" in f.message and "state@10" in f.message
+    assert "last written at step 0 by r0 [chunk-end]" in f.message
+
+
+def test_slot_hash_fires_on_wrong_recorded_count():
+    t = clean_trace()
+    t.steps[0].cache = [CacheEntry(7, 0, TRUTH.at(16), TRUTH.at(16), "r0", True, True, 32)]
+    assert oracle.check_slot_hashes(t).location == "recorded-count"
+
+
+def test_resume_fires_on_a_wrong_hit_and_stale_read_on_a_running_row():
+    t = clean_trace()
+    t.steps[0].chunks = [chunk(16, 4, read_state=TRUTH.at(12), first=True)]
+    f = oracle.check_reads(t)
+    assert isinstance(f, ResumeStateMismatch) and "resumed at 16 tokens" in f.message
+    t.steps[0].chunks = [chunk(16, 4, read_state=EMPTY.extend([99] * 16))]
+    f = oracle.check_reads(t)
+    assert isinstance(f, StaleStateRead) and f.location == "foreign"
+
+
+def test_output_divergence_ignores_aborted_requests():
+    a, b = clean_trace(), clean_trace()
+    b.outputs = {"r0": [5, 9]}
+    f = oracle.check_outputs(a, b)
+    assert isinstance(f, OutputDivergence) and "output token 1" in f.message
+    a.finish_status["r0"] = "FINISHED_ABORTED"
+    assert oracle.check_outputs(a, b) is None
+
+
+def test_stall_and_crash():
+    t = clean_trace()
+    t.unfinished = ["r0"]
+    assert isinstance(oracle.check_liveness(t), Stall)
+    t = clean_trace()
+    t.crash = Crash("AssertionError", "boom", "vllm/v1/core/x.py:12 in f", 3)
+    f = oracle.check_crash(t)
+    assert isinstance(f, VllmCrash) and f.signature == "vllm_crash:AssertionError@vllm/v1/core/x.py:f"
+    assert oracle.judge(t).kind == "vllm_crash"
+
+
+def test_efficiency_is_report_only_unless_strict():
+    cand, ref = clean_trace(), clean_trace()
+    cand.forward_steps, ref.forward_steps = 5, 3
+    v = oracle.judge(cand, reference=ref)
+    assert v.clean and isinstance(v.reports[0], Inefficiency)
+    assert not oracle.judge(cand, reference=ref, strict_efficiency=True).clean
