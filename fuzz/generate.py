@@ -98,7 +98,7 @@ def draw_engine(src: Source) -> EngineConfig:
     attn = _pick(src, ATTN_BLOCK_SIZES)
     mamba = attn * _pick(src, (1, 2, 3, 4, 8, 16, 50, 100))
     units = [d for d in range(1, attn + 1) if attn % d == 0]
-    unit = _pick(src, units + [attn, attn] + ([None] if mamba == attn else []))
+    unit = _pick(src, units + [None, None])
     spec_tokens = src.int(0, 3) if src.bool() else 0
     budget = max(1 + spec_tokens, _length(src, mamba, 4))
     threshold = src.int(1, min(budget, 2 * mamba)) if src.int(0, 3) == 0 else 0

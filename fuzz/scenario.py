@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +46,7 @@ class EngineConfig:
 
     mamba_block_size: int = 256
     attn_block_size: int = 16
-    prefix_match_unit: int | None = None  # None: vLLM default (the mamba block size)
+    prefix_match_unit: int | None = None  # None: vLLM default (gcd of the group block sizes)
     max_num_batched_tokens: int = 512
     long_prefill_token_threshold: int = 0
     max_num_seqs: int = 8
@@ -60,7 +61,8 @@ class EngineConfig:
 
     @property
     def hash_block_size(self) -> int:
-        return self.prefix_match_unit or self.mamba_block_size
+        """What vLLM resolves `prefix_match_unit` to (kv_cache_utils.resolve_kv_cache_block_sizes)."""
+        return self.prefix_match_unit or math.gcd(self.attn_block_size, self.mamba_block_size)
 
     @property
     def uses_spec_decode(self) -> bool:
@@ -258,9 +260,6 @@ def validate(s: Scenario) -> list[str]:
     retention = e.prefix_cache_retention_interval
     if retention and retention % e.mamba_block_size:
         p.append(f"engine.prefix_cache_retention_interval {retention} must be a multiple of mamba_block_size {e.mamba_block_size}")
-    if s.requests and e.long_prefill_token_threshold > s.max_model_len():
-        p.append(f"engine.long_prefill_token_threshold {e.long_prefill_token_threshold} exceeds the longest "
-                 f"request ({s.max_model_len()} tokens); vLLM refuses it")
     if e.max_num_batched_tokens < e.max_num_seqs:
         p.append(f"engine.max_num_batched_tokens {e.max_num_batched_tokens} must be >= max_num_seqs {e.max_num_seqs}")
     if e.max_num_batched_tokens < 1 + e.num_speculative_tokens:
@@ -300,6 +299,9 @@ def validate(s: Scenario) -> list[str]:
             p.append(f"{w}.external_tokens {r.external_tokens} must be below its prompt length {plen}")
         if r.abort_step is not None and r.abort_step < r.arrival_step:
             p.append(f"{w}.abort_step {r.abort_step} is before its arrival_step {r.arrival_step}")
+    if s.requests and e.long_prefill_token_threshold > s.max_model_len():
+        p.append(f"engine.long_prefill_token_threshold {e.long_prefill_token_threshold} exceeds the longest "
+                 f"request ({s.max_model_len()} tokens); vLLM refuses it")
     if e.num_gpu_blocks is not None and not p:
         need = min_pool_blocks(s)
         if e.num_gpu_blocks < need:

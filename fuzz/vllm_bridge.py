@@ -37,6 +37,7 @@ from vllm.v1.core.kv_cache_utils import (  # noqa: E402
     get_group_id,
     get_request_block_hasher,
     init_none_hash,
+    resolve_kv_cache_block_sizes,
 )
 from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
@@ -183,12 +184,16 @@ class SchedulerSession:
     def __init__(self, engine: EngineConfig, num_blocks: int, max_model_len: int, split: SplitFn | None):
         vc = _checked_config(engine, max_model_len)
         vc.cache_config.num_gpu_blocks = num_blocks
-        hash_block_size = engine.hash_block_size if engine.enable_prefix_caching else engine.mamba_block_size
+        kv_cache_config = kv_cache_config_for(engine, num_blocks)
+        try:  # the engine core resolves both sizes this way before building its scheduler
+            block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vc)
+        except ValueError as exc:
+            raise ConfigRejected(f"vLLM refuses this engine config: {str(exc).splitlines()[0]}") from None
         self.scheduler = Scheduler(
             vllm_config=vc,
-            kv_cache_config=kv_cache_config_for(engine, num_blocks),
+            kv_cache_config=kv_cache_config,
             structured_output_manager=StructuredOutputManager(vc),
-            block_size=engine.mamba_block_size,
+            block_size=block_size,
             hash_block_size=hash_block_size,
         )
         if split is not None:

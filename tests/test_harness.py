@@ -1,0 +1,61 @@
+"""End to end through vLLM's real scheduler: the first-chunk case and a real prefix hit."""
+
+import dataclasses
+
+from fuzz import harness, splits
+from fuzz.pipeline import evaluate
+from tests.conftest import first_chunk_scenario, shared_prefix_scenario
+
+
+def test_first_chunk_poisoning_is_caught_on_prefix_and_absent_on_fixed():
+    s = first_chunk_scenario()
+    fixed = evaluate(s, "fixed")
+    assert fixed.verdict.clean, fixed.verdict.primary
+    bad = evaluate(s, "prefix")
+    f = bad.verdict.primary
+    assert f.kind == "slot_hash" and f.request_id == "r1"
+    assert "slot 0 of r1" in f.message and "after 1600 tokens" in f.message and "state@768" in f.message
+
+
+def test_fixed_split_defers_the_fragmented_first_chunk():
+    trace = harness.run(first_chunk_scenario(), None, "fixed")
+    r1_prefill_ends = [c.end for rec in trace.steps for c in rec.chunks if c.request_id == "r1" and c.end <= 2002]
+    # No chunk stops at the budget's edge (768); the only mid-block stop is the prompt-tail
+    # checkpoint the partial-hit mode asks for (floor(2001 / 16) * 16 - 16 with MTP's block drop).
+    assert r1_prefill_ends == [1984, 2002]
+
+
+def test_second_request_resumes_from_a_real_prefix_hit():
+    trace = harness.run(shared_prefix_scenario(), None, "fixed")
+    admissions = {a.request_id: a for rec in trace.steps for a in rec.admissions}
+    assert admissions["r1"].local_hit_tokens == 192  # three 64-token mamba blocks of the shared prefix
+    first = next(c for rec in trace.steps for c in rec.chunks if c.request_id == "r1")
+    assert first.resumed_from_hit and first.read_state == first.true_state
+
+
+def test_a_poisoned_hit_is_read_back_as_a_resume_mismatch():
+    """The second request of the first-chunk case hits the poisoned block under `prefix`."""
+    s = first_chunk_scenario()
+    s.prefixes = [1700, 301]
+    s.requests[1] = dataclasses.replace(s.requests[1], prefix_ids=[0, 1], unique_len=1)
+    s.requests.append(dataclasses.replace(s.requests[1], arrival_step=8, prefix_ids=[0], unique_len=30))
+    trace = harness.run(s, splits.resolve("prefix"), "prefix")
+    resumed = [c for rec in trace.steps for c in rec.chunks if c.request_id == "r2" and c.resumed_from_hit]
+    assert resumed and resumed[0].start == 1600 and resumed[0].read_state.num_tokens == 768
+    assert evaluate(s, "prefix").verdict.kind == "slot_hash"  # the publication is caught first
+
+
+def test_differential_runs_with_prefix_caching_off_agree_on_fixed():
+    ev = evaluate(shared_prefix_scenario(), "fixed")
+    assert ev.uncached is not None and ev.uncached.outputs == ev.trace.outputs
+    assert all(len(v) == 3 for v in ev.trace.outputs.values())
+
+
+def test_connector_tokens_come_through_the_real_connector():
+    s = shared_prefix_scenario()
+    s.requests[0].external_tokens = 70
+    trace = harness.run(s, None, "fixed")
+    adm = trace.steps[0].admissions[0]
+    assert adm.external_tokens == 70 and adm.local_hit_tokens == 0
+    assert trace.steps[0].chunks[0].start == 70 and trace.steps[0].chunks[0].end == 128
+    assert any(w.cause == "connector" for w in trace.steps[0].writes)
