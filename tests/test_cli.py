@@ -1,0 +1,73 @@
+"""`mambafuzz repro` exit codes and messages."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fuzz.cli import main
+from tests.conftest import first_chunk_scenario
+
+
+@pytest.fixture
+def first_chunk_file(tmp_path):
+    p = tmp_path / "first_chunk.json"
+    p.write_text(first_chunk_scenario().dumps())
+    return p
+
+
+def test_repro_exit_codes_per_split(first_chunk_file, capsys):
+    assert main(["repro", str(first_chunk_file)]) == 0
+    assert "clean" in capsys.readouterr().out
+    assert main(["repro", str(first_chunk_file), "--split", "prefix"]) == 1
+    out = capsys.readouterr().out
+    assert "VIOLATION slot_hash" in out and "slot 0 of r1" in out and "after 1600 tokens" in out
+    assert "holds state@768" in out
+
+
+def test_repro_json_and_trace(first_chunk_file, capsys):
+    assert main(["repro", str(first_chunk_file), "--split", "prefix", "--json"]) == 1
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["verdict"] == "slot_hash" and obj["findings"][0]["signature"] == "slot_hash:short"
+    assert main(["repro", str(first_chunk_file), "--split", "prefix", "--trace"]) == 1
+    assert "POISONED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("{", "not valid JSON"),
+    ('{"format": "x"}', "format must be"),
+    ("[]", "top level must be an object"),
+])
+def test_bad_files_get_one_line_and_exit_2(tmp_path, capsys, content, needle):
+    p = tmp_path / "bad.json"
+    p.write_text(content)
+    assert main(["repro", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and str(p) in err and len(err.splitlines()) == 1
+
+
+def test_missing_file_bad_split_and_config_rejected(tmp_path, first_chunk_file, capsys):
+    assert main(["repro", str(tmp_path / "nope.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["repro", str(first_chunk_file), "--split", "nosuch"]) == 2
+    assert "unknown split" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["repro"])
+    assert exit_info.value.code == 2
+
+
+def test_expected_verdict_is_compared(tmp_path, capsys):
+    raw = first_chunk_scenario().to_json()
+    raw["expected"] = {"prefix": "clean"}
+    p = tmp_path / "case.json"
+    p.write_text(json.dumps(raw))
+    assert main(["repro", str(p), "--split", "prefix"]) == 1
+    assert "expected: clean (MISMATCH)" in capsys.readouterr().out
+
+
+def test_console_script_runs(first_chunk_file):
+    proc = subprocess.run([sys.executable, "-m", "fuzz.cli", "repro", str(first_chunk_file), "--split", "prefix",
+                           "--no-differential"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
