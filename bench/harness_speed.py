@@ -272,8 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         }, indent=1))
         return 0
 
-    print(f"warm-up (excluded): {warmup_s:.2f}s; gc {args.gc}; clock {args.clock}; median of {args.reps} reps x {args.number} "
-          f"executions per scenario; ms per execution\n")
+    print(f"warm-up (excluded): {warmup_s:.2f}s; gc {args.gc}; clock {args.clock}; "
+          f"median of {args.reps} reps x {args.number} executions per scenario; ms per execution\n")
     head = (f"{'scenario':<22} {'req':>3} {'pool':>5} {'steps h/b':>9} {'bare1':>7} {'harn1':>7} {'h1/b1':>6} "
             f"{'bare2':>7} {'eval':>7} {'ev/b2':>6} {'fr10k':>8} {'fr/ev':>6} {'eval/s':>7}")
     print(head)

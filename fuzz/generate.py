@@ -41,28 +41,39 @@ class RandomSource:
 
 
 class BytesSource:
-    """Consumes a byte string; past its end every draw is the lower bound (libFuzzer style)."""
+    """Consumes a byte string through atheris' FuzzedDataProvider (a plain big-endian reader
+    when atheris is absent).  Past the end of the bytes, draws come from a PRNG seeded by the
+    bytes themselves: short inputs still decode to varied scenarios, and libFuzzer's longer
+    inputs take over the leading dimensions one by one."""
 
     def __init__(self, data: bytes):
         try:
             import atheris
 
             self._fdp = atheris.FuzzedDataProvider(data)
-        except ImportError:  # same decoding contract without atheris
+        except ImportError:
             self._fdp = None
-            self._data = data
-            self._pos = 0
+        self._data = data
+        self._pos = 0
+        self._tail: random.Random | None = None
+
+    def _remaining(self) -> int:
+        return self._fdp.remaining_bytes() if self._fdp is not None else len(self._data) - self._pos
 
     def int(self, lo: int, hi: int) -> int:
         if hi <= lo:
             return lo
-        if self._fdp is not None:
-            return self._fdp.ConsumeIntInRange(lo, hi)
         span = hi - lo
         nbytes = (span.bit_length() + 7) // 8
+        if self._remaining() < nbytes:
+            if self._tail is None:
+                self._tail = random.Random(self._data)
+            return self._tail.randint(lo, hi)
+        if self._fdp is not None:
+            return self._fdp.ConsumeIntInRange(lo, hi)
         chunk = self._data[self._pos : self._pos + nbytes]
         self._pos += nbytes
-        return lo + int.from_bytes(chunk.ljust(nbytes, b"\0"), "big") % (span + 1)
+        return lo + int.from_bytes(chunk, "big") % (span + 1)
 
     def bool(self) -> bool:
         return self.int(0, 1) == 1

@@ -258,14 +258,14 @@ class _Runner:
         base = len(tokens) - num_drafts
         if start + base < req.num_tokens:
             return []
-        state = live.truth.at(start)
-        outputs = []
-        for tok in tokens:
+        state = live.truth.at(start + base)  # only the last real position and the drafts sample
+        outputs = [next_token(state, VOCAB_SIZE)]
+        for tok in tokens[base:]:
             state = state.extend([tok])
             outputs.append(next_token(state, VOCAB_SIZE))
         if not num_drafts:
-            return [outputs[-1]]
-        return self._accept(outputs[base - 1 :], tokens[base:])
+            return [outputs[0]]
+        return self._accept(outputs, tokens[base:])
 
     @staticmethod
     def _accept(outputs: list[int], drafts: list[int]) -> list[int]:

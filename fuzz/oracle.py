@@ -166,6 +166,7 @@ def judge(cached: Trace, uncached: Trace | None = None, reference: Trace | None 
         other = check_crash(uncached) or check_liveness(uncached)
         if other is not None:
             other.message = "prefix caching off: " + other.message
+            other.location = "nocache-" + other.location
             checks.append(other)
     verdict.findings = [f for f in checks if f is not None]
     if reference is not None:

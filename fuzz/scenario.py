@@ -10,6 +10,7 @@ Everything downstream (decoder, strategies, minimizer, harness) speaks this mode
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -140,9 +141,23 @@ class Scenario:
         return json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
 
 
-def _segment_tokens(seed: int, key: tuple[str, int], length: int) -> list[int]:
+@functools.lru_cache(maxsize=4096)
+def _segment_tokens_cached(seed: int, key: tuple[str, int], length: int) -> tuple[int, ...]:
     rng = random.Random(f"{seed}/{key[0]}/{key[1]}")
-    return [rng.randrange(1, VOCAB_SIZE) for _ in range(length)]
+    # Same values as rng.randrange(1, VOCAB_SIZE) (rejection sampling on 10 bits), inlined.
+    bits = rng.getrandbits
+    span = VOCAB_SIZE - 1
+    out = []
+    for _ in range(length):
+        r = bits(10)
+        while r >= span:
+            r = bits(10)
+        out.append(1 + r)
+    return tuple(out)
+
+
+def _segment_tokens(seed: int, key: tuple[str, int], length: int) -> list[int]:
+    return list(_segment_tokens_cached(seed, key, length))
 
 
 # ---- loading and validation ---------------------------------------------------------
@@ -313,7 +328,9 @@ def blocks_for_request(e: EngineConfig, num_tokens: int) -> int:
     """Blocks one request holds at most: attention blocks for every token, plus the mamba
     group's resident state blocks in align mode (two, plus speculative and checkpoint blocks)."""
     attn = -(-num_tokens // e.attn_block_size)
-    mamba = 2 + e.num_speculative_tokens + e.num_prefill_checkpoint_blocks
+    # align mode keeps 2 state blocks resident; vLLM's admission check (scheduler_reserve_full_isl)
+    # counts one per mamba block of the whole sequence with prefix caching off: take the larger.
+    mamba = max(2, -(-num_tokens // e.mamba_block_size)) + e.num_speculative_tokens + e.num_prefill_checkpoint_blocks
     # + slack for the null block and the allocator's watermark (1% of the pool)
     return attn + mamba + 4 + (attn + mamba) // 50
 

@@ -32,29 +32,26 @@ EMPTY = State(0, 0xCBF29CE484222325)
 
 
 class PrefixStates:
-    """The true state after each prefix of one token sequence, extended lazily as the
-    sequence grows (prompt first, then sampled outputs)."""
+    """The true state after each prefix of one token sequence, extended as the sequence grows
+    (prompt first, then sampled outputs).  Keeps only the fingerprint chain; `State`
+    objects are built on demand (this is the harness's hottest loop)."""
 
     def __init__(self, tokens: list[int] | None = None):
-        self._states = [EMPTY]
+        self._fps = [EMPTY.fingerprint]
         self._tokens: list[int] = []
         if tokens:
             self.append(tokens)
 
     def append(self, tokens: list[int]) -> None:
-        state = self._states[-1]
+        fps = self._fps
+        fp = fps[-1]
         for tok in tokens:
-            state = state.extend([tok])
-            self._states.append(state)
+            fp = ((fp ^ (tok + 0x9E3779B9)) * _PRIME) & _MASK
+            fps.append(fp)
         self._tokens += tokens
 
-    def truncate(self, length: int) -> None:
-        """Forget tokens past `length` (rejected draft tokens are never part of the truth)."""
-        del self._states[length + 1 :]
-        del self._tokens[length:]
-
     def at(self, length: int) -> State:
-        return self._states[length]
+        return State(length, self._fps[length])
 
     def __len__(self) -> int:
         return len(self._tokens)
