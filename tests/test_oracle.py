@@ -6,8 +6,8 @@ from fuzz.findings import (
     OutputDivergence,
     ResumeStateMismatch,
     SlotHashMismatch,
-    Stall,
     StaleStateRead,
+    Stall,
     VllmCrash,
 )
 from fuzz.state import EMPTY, PrefixStates
