@@ -1,7 +1,298 @@
-"""The fuzzing subcommands of `mambafuzz` (fuzz, minimize, corpus)."""
+"""The fuzzing subcommands of `mambafuzz`: fuzz, minimize, corpus {merge,prune,stats,add-regression}."""
 
 from __future__ import annotations
 
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+ENGINES = ("atheris", "hypothesis", "random")
+DEFAULT_KNOWN = ["corpus/regressions", "corpus/upstream"]
+
 
 def add_commands(sub) -> None:
-    return None
+    from fuzz.cli import SPLIT_HELP
+
+    f = sub.add_parser(
+        "fuzz", help="search the scenario space and file minimized findings",
+        description="Generate scenarios (atheris/libFuzzer with coverage from vLLM's scheduling and KV-cache "
+                    "modules, Hypothesis' decoder under the same feedback, or plain random), run each through "
+                    "vLLM's real scheduler and the oracles, and file every new violation once, minimized, as a "
+                    "scenario file that `mambafuzz repro` replays. Extra libFuzzer flags go after `--`. "
+                    "Exit 1 if anything new was found, 0 if not, 2 on usage errors.")
+    f.add_argument("--split", default="fixed", help=SPLIT_HELP)
+    f.add_argument("--engine", choices=ENGINES, default="atheris", help="input engine (default atheris)")
+    f.add_argument("--max-time", type=float, default=60.0, metavar="SECONDS", help="stop after this long (default 60)")
+    f.add_argument("--runs", type=int, default=0, metavar="N", help="stop after N executions (0: no limit)")
+    f.add_argument("--jobs", type=int, default=1, metavar="N", help="parallel workers sharing corpus and findings")
+    f.add_argument("--seed", type=int, default=1, metavar="N", help="PRNG seed (default 1)")
+    f.add_argument("--corpus", default="corpus/generated", metavar="DIR",
+                   help="read inputs from here and write new-coverage inputs back (default corpus/generated)")
+    f.add_argument("--seeds", nargs="*", default=["corpus/seeds"], metavar="DIR",
+                   help="read-only seed directories (default corpus/seeds)")
+    f.add_argument("--findings", default="findings", metavar="DIR", help="where findings are filed (default findings)")
+    f.add_argument("--known", nargs="*", default=DEFAULT_KNOWN, metavar="DIR",
+                   help="cases whose signatures are not new (default corpus/regressions corpus/upstream)")
+    f.add_argument("--stop-on-first", action="store_true", help="stop at the first new finding")
+    f.add_argument("--minimize-budget", type=float, default=30.0, metavar="SECONDS",
+                   help="time allowed to minimize each finding (default 30)")
+    f.add_argument("--rss-limit-mb", type=int, default=4096, metavar="MB",
+                   help="stop a worker whose RSS exceeds this, like libFuzzer's -rss_limit_mb (default 4096)")
+    f.add_argument("--quiet", action="store_true", help="no periodic status lines")
+    f.add_argument("libfuzzer_args", nargs="*", metavar="-- LIBFUZZER_FLAG",
+                   help="passed to libFuzzer unchanged (atheris and hypothesis engines)")
+    f.set_defaults(handler=cmd_fuzz)
+
+    m = sub.add_parser("minimize", help="shrink a failing scenario file, keeping its signature",
+                       description="Minimize FILE while it still fails with the same signature under --split; "
+                                   "writes FILE's name with .min.json (or -o). Exit 1 when FILE fails (and was "
+                                   "minimized), 0 when it is clean, 2 on bad input.")
+    m.add_argument("file", metavar="FILE")
+    m.add_argument("--split", default="fixed", help=SPLIT_HELP)
+    m.add_argument("-o", "--output", metavar="OUT")
+    m.add_argument("--budget", type=float, default=60.0, metavar="SECONDS")
+    m.set_defaults(handler=cmd_minimize)
+
+    c = sub.add_parser("corpus", help="merge, prune, inspect or extend corpora")
+    csub = c.add_subparsers(dest="corpus_command", metavar="ACTION")
+    csub.required = True
+    cm = csub.add_parser("merge", help="copy inputs from SRC that add vLLM branch coverage to DEST")
+    cm.add_argument("dest", metavar="DEST")
+    cm.add_argument("sources", nargs="+", metavar="SRC")
+    cm.set_defaults(handler=cmd_corpus_merge)
+    cp = csub.add_parser("prune", help="delete inputs of DIR that add no coverage over the others")
+    cp.add_argument("dir", metavar="DIR")
+    cp.add_argument("--dry-run", action="store_true")
+    cp.set_defaults(handler=cmd_corpus_prune)
+    cs = csub.add_parser("stats", help="sizes, coverage and per-dimension histograms")
+    cs.add_argument("dirs", nargs="+", metavar="DIR")
+    cs.add_argument("--no-coverage", action="store_true", help="skip the coverage measurement")
+    cs.set_defaults(handler=cmd_corpus_stats)
+    ca = csub.add_parser("add-regression", help="add a (minimized) finding as a regression case",
+                         description="Replay FILE under fixed, prefix and realign, and write it to "
+                                     "corpus/regressions/ with that expected-verdict table.")
+    ca.add_argument("file", metavar="FILE")
+    ca.add_argument("--name", help="file name in corpus/regressions (default: FILE's name)")
+    ca.add_argument("--dir", default="corpus/regressions")
+    ca.add_argument("--splits", nargs="+", default=["fixed", "prefix", "realign"])
+    ca.set_defaults(handler=cmd_corpus_add_regression)
+
+
+def _usage(msg: str):
+    from fuzz.cli import UsageError
+
+    return UsageError(msg)
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from fuzz import splits
+    from fuzz.supervisor import CampaignConfig, finding_meta, run_campaign
+
+    try:
+        splits.resolve(args.split)
+    except splits.SplitError as exc:
+        raise _usage(str(exc)) from None
+    for name, value in (("--max-time", args.max_time), ("--runs", args.runs), ("--minimize-budget", args.minimize_budget)):
+        if value < 0:
+            raise _usage(f"{name} must not be negative")
+    if args.jobs < 1:
+        raise _usage("--jobs must be at least 1")
+    if not args.max_time and not args.runs:
+        raise _usage("give --max-time or --runs (a run needs a bound)")
+    if args.engine != "random":
+        try:
+            import atheris  # noqa: F401
+        except ImportError:
+            raise _usage(f"--engine {args.engine} needs atheris (pip install atheris==3.0.0)") from None
+    for d in [args.corpus, args.findings]:
+        if Path(d).exists() and not Path(d).is_dir():
+            raise _usage(f"{d} exists and is not a directory")
+    cfg = CampaignConfig(
+        engine=args.engine, split=args.split, max_time=args.max_time, runs=args.runs, jobs=args.jobs, seed=args.seed,
+        corpus=Path(args.corpus), seed_dirs=[Path(d) for d in args.seeds], findings=Path(args.findings),
+        known_dirs=[Path(d) for d in args.known], stop_on_first=args.stop_on_first,
+        minimize_budget=args.minimize_budget, rss_limit_mb=args.rss_limit_mb,
+        libfuzzer_args=list(args.libfuzzer_args), quiet=args.quiet)
+    print(f"fuzzing split {args.split} with {args.engine} x{args.jobs}, findings in {args.findings}/", flush=True)
+    result = run_campaign(cfg)
+    real = [p for p in result.new_files if not p.name.startswith("flaky-")]
+    print(f"\nsummary: {result.execs} executions in {result.seconds:.1f}s, {len(real)} new finding(s)"
+          + (f", {len(result.new_files) - len(real)} flaky" if len(result.new_files) > len(real) else "")
+          + (" (interrupted)" if result.interrupted else ""))
+    for p in result.new_files:
+        meta = finding_meta(p)
+        print(f"  {meta.get('signature', '?')}  reproduced {meta.get('reproduced', '?')}  {p}")
+        print(f"    repro: mambafuzz repro {p} --split {args.split}")
+    crashed = [c for c in result.exit_codes if c not in (0, 1, -2, 130, 3, 77) and not result.interrupted]
+    if crashed and not result.new_files:
+        print("worker exited with an error; its last output:", file=sys.stderr)
+        for line in result.log_tail[-15:]:
+            print(f"  {line}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_FOUND if real else EXIT_CLEAN
+
+
+def cmd_minimize(args: argparse.Namespace) -> int:
+    from fuzz import corpus, splits
+    from fuzz.corpus import atomic_write, case_json
+    from fuzz.minimizer import minimize
+    from fuzz.pipeline import evaluate
+    from fuzz.scenario import ScenarioError
+
+    try:
+        splits.resolve(args.split)
+        case = corpus.load_case(args.file)
+        first = evaluate(case.scenario, args.split, efficiency=False).verdict
+    except (splits.SplitError, corpus.CaseError, ScenarioError) as exc:
+        raise _usage(str(exc)) from None
+    if first.clean:
+        print(f"{args.file} [split {args.split}]: clean, nothing to minimize")
+        return EXIT_CLEAN
+    sig = first.primary.signature
+
+    def still_fails(s) -> bool:
+        v = evaluate(s, args.split, efficiency=False).verdict
+        return not v.clean and v.primary.signature == sig
+
+    out = Path(args.output) if args.output else Path(args.file).with_suffix(".min.json")
+    print(f"minimizing {args.file} ({sig}), size {case.scenario.size()}", flush=True)
+    result = minimize(case.scenario, still_fails, time_budget=args.budget)
+    meta = dict(case.extra.get("finding", {}) or {}, signature=sig, split=args.split, message=first.primary.message,
+                repro=f"mambafuzz repro {out} --split {args.split}")
+    atomic_write(out, case_json(result.scenario, case.expected or None, note=case.extra.get("note"), finding=meta))
+    print(f"wrote {out}: size {result.scenario.size()} (requests, last step, tokens) after {result.attempts} "
+          f"attempts in {result.seconds:.1f}s{' (budget reached)' if result.timed_out else ''}")
+    return EXIT_FOUND
+
+
+def _load_inputs(dirs):
+    from fuzz.inputs import decode_input, iter_input_files
+
+    stats: dict = {}
+    items = []
+    for path, data in iter_input_files([Path(d) for d in dirs], stats):
+        scenario = decode_input(data)
+        if scenario is None:
+            print(f"warning: {path}: skipped, does not decode to a valid scenario", file=sys.stderr)
+            stats["skipped"] += 1
+            continue
+        items.append((path, data, scenario))
+    return items, stats
+
+
+def cmd_corpus_merge(args: argparse.Namespace) -> int:
+    from fuzz.corpus import atomic_write, content_name
+    from fuzz.coverage_map import FeatureTracer
+
+    tracer = FeatureTracer()
+    have: set = set()
+    dest_items, _ = _load_inputs([args.dest])
+    for _, _, s in dest_items:
+        have |= tracer.features(s)
+    src_items, stats = _load_inputs(args.sources)
+    src_items.sort(key=lambda item: len(item[1]))
+    added = 0
+    for _path, data, s in src_items:
+        feats = tracer.features(s)
+        if feats - have:
+            have |= feats
+            atomic_write(Path(args.dest) / content_name(data, ".json" if data.lstrip().startswith(b"{") else ""), data)
+            added += 1
+    print(f"merge: {added} of {len(src_items)} inputs added to {args.dest} ({len(have)} branch arcs; "
+          f"{stats['skipped']} skipped)")
+    return EXIT_CLEAN
+
+
+def cmd_corpus_prune(args: argparse.Namespace) -> int:
+    from fuzz.coverage_map import FeatureTracer
+
+    tracer = FeatureTracer()
+    items, stats = _load_inputs([args.dir])
+    scored = sorted(((tracer.features(s), p, d) for p, d, s in items), key=lambda x: (-len(x[0]), len(x[2])))
+    have: set = set()
+    drop = []
+    for feats, path, _ in scored:
+        if feats - have:
+            have |= feats
+        else:
+            drop.append(path)
+    for p in drop:
+        if not args.dry_run:
+            p.unlink()
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"prune: kept {len(items) - len(drop)}, {verb} {len(drop)} of {len(items)} ({len(have)} branch arcs; "
+          f"{stats['skipped']} skipped)")
+    return EXIT_CLEAN
+
+
+def _histogram(values, buckets) -> str:
+    counts = collections.Counter()
+    for v in values:
+        label = next((f"<={b}" for b in buckets if v <= b), f">{buckets[-1]}")
+        counts[label] += 1
+    order = [f"<={b}" for b in buckets] + [f">{buckets[-1]}"]
+    return "  ".join(f"{k}:{counts[k]}" for k in order if counts[k])
+
+
+def cmd_corpus_stats(args: argparse.Namespace) -> int:
+    items, stats = _load_inputs(args.dirs)
+    scen = [s for _, _, s in items]
+    print(f"inputs: {len(items)} ({sum(len(d) for _, d, _ in items)} bytes), skipped {stats['skipped']}")
+    if not scen:
+        return EXIT_CLEAN
+    e = [s.engine for s in scen]
+    rows = {
+        "requests": ([len(s.requests) for s in scen], [1, 2, 3, 4]),
+        "prompt tokens": ([s.prompt_len(i) for s in scen for i in range(len(s.requests))], [16, 64, 256, 1024, 4096]),
+        "mamba block": ([x.mamba_block_size for x in e], [16, 64, 256, 1024]),
+        "budget/block": ([x.max_num_batched_tokens * 4 // x.mamba_block_size for x in e], [1, 2, 4, 8]),
+        "match unit": ([x.hash_block_size for x in e], [1, 4, 8, 16, 32]),
+        "spec tokens": ([x.num_speculative_tokens for x in e], [0, 1, 2, 3]),
+        "connector reqs": ([sum(bool(r.external_tokens) for r in s.requests) for s in scen], [0, 1, 2]),
+        "aborts": ([sum(r.abort_step is not None for r in s.requests) for s in scen], [0, 1, 2]),
+        "arrival spread": ([s.size()[1] for s in scen], [0, 2, 4, 8]),
+        "small pool": ([int(x.num_gpu_blocks is not None) for x in e], [0, 1]),
+        "checkpoint blk": ([x.num_prefill_checkpoint_blocks for x in e], [0, 1]),
+    }
+    for name, (values, buckets) in rows.items():
+        print(f"  {name:<15} {_histogram(values, buckets)}")
+    if not args.no_coverage:
+        from fuzz.coverage_map import FeatureTracer
+
+        tracer = FeatureTracer()
+        total: set = set()
+        for s in scen:
+            total |= tracer.features(s)
+        by_file = collections.Counter(f for f, _, _ in total)
+        print(f"coverage: {len(total)} branch arcs in vLLM's scheduling/KV-cache code")
+        for f, n in by_file.most_common():
+            print(f"  {n:6d}  {f}")
+    return EXIT_CLEAN
+
+
+def cmd_corpus_add_regression(args: argparse.Namespace) -> int:
+    from fuzz import corpus
+    from fuzz.corpus import atomic_write, case_json
+    from fuzz.pipeline import evaluate
+    from fuzz.scenario import ScenarioError
+
+    try:
+        case = corpus.load_case(args.file)
+        verdicts = {s: evaluate(case.scenario, s, efficiency=False).verdict for s in args.splits}
+    except (corpus.CaseError, ScenarioError) as exc:
+        raise _usage(str(exc)) from None
+    expected = {s: v.kind for s, v in verdicts.items()}
+    name = args.name or Path(args.file).name
+    if not name.endswith(".json"):
+        name += ".json"
+    out = Path(args.dir) / name
+    if out.exists():
+        raise _usage(f"{out} already exists; pass --name")
+    meta = case.extra.get("finding")
+    note = case.extra.get("note") or "; ".join(f"{s}: {v.primary.message if v.primary else 'clean'}"
+                                                for s, v in verdicts.items())
+    atomic_write(out, case_json(case.scenario, expected, note=note, finding=meta))
+    print(f"wrote {out} with expected verdicts {expected}")
+    return EXIT_CLEAN

@@ -159,7 +159,7 @@ def judge(cached: Trace, uncached: Trace | None = None, reference: Trace | None 
           strict_efficiency: bool = False) -> Verdict:
     verdict = Verdict()
     checks = [check_crash(cached), check_slot_hashes(cached), check_reads(cached)]
-    if uncached is not None and uncached.crash is None and not uncached.unfinished:
+    if uncached is not None and cached.crash is None and uncached.crash is None and not uncached.unfinished:
         checks.append(check_outputs(cached, uncached))
     checks.append(check_liveness(cached) if cached.crash is None else None)
     if uncached is not None:

@@ -1,0 +1,206 @@
+"""`mambafuzz fuzz`: start the engine's worker processes, merge their output into one status
+line every few seconds, forward Ctrl-C, and end with a summary of what was filed.
+
+Workers: the atheris target (`fuzz/targets/fuzz_scheduler.py`, libFuzzer flags pass through;
+with --jobs N it runs libFuzzer's -fork=N) for the atheris and hypothesis engines, and
+`python -m fuzz.random_worker` (one process per job) for the random engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TARGET = Path(__file__).parent / "targets" / "fuzz_scheduler.py"
+STATUS_EVERY = 5.0
+LIBFUZZER_LINE = re.compile(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)/")
+STAT_LINE = re.compile(r"^@@stat pid=(\d+) execs=(\d+) rejected=(\d+) findings=(\d+) dups=(\d+)")
+
+
+@dataclass
+class CampaignConfig:
+    engine: str
+    split: str
+    max_time: float
+    runs: int
+    jobs: int
+    seed: int
+    corpus: Path
+    seed_dirs: list[Path]
+    findings: Path
+    known_dirs: list[Path]
+    stop_on_first: bool
+    minimize_budget: float
+    rss_limit_mb: int
+    libfuzzer_args: list[str] = field(default_factory=list)
+    quiet: bool = False
+
+
+@dataclass
+class CampaignResult:
+    new_files: list[Path]
+    execs: int
+    seconds: float
+    coverage: int | None
+    corpus_size: int | None
+    interrupted: bool
+    exit_codes: list[int]
+    first_finding_seconds: float | None
+    log_tail: list[str]
+
+
+def _child_env(cfg: CampaignConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "MAMBAFUZZ_SPLIT": cfg.split,
+        "MAMBAFUZZ_FINDINGS": str(cfg.findings),
+        "MAMBAFUZZ_DECODER": "hypothesis" if cfg.engine == "hypothesis" else "bytes",
+        "MAMBAFUZZ_ENGINE": cfg.engine,
+        "MAMBAFUZZ_STOP_ON_FIRST": "1" if cfg.stop_on_first else "0",
+        "MAMBAFUZZ_MINIMIZE_BUDGET": str(cfg.minimize_budget),
+        "MAMBAFUZZ_KNOWN": os.pathsep.join(str(d) for d in cfg.known_dirs),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    })
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _commands(cfg: CampaignConfig) -> list[list[str]]:
+    if cfg.engine == "random":
+        cmds = []
+        for job in range(cfg.jobs):
+            cmd = [sys.executable, "-m", "fuzz.random_worker", "--seed", str(cfg.seed + job)]
+            if cfg.max_time:
+                cmd += ["--max-time", str(cfg.max_time)]
+            if cfg.runs:
+                cmd += ["--runs", str(max(1, cfg.runs // cfg.jobs))]
+            if cfg.rss_limit_mb:
+                cmd += ["--rss-limit-mb", str(cfg.rss_limit_mb)]
+            # Only the first job replays the corpus; the others start generating at once.
+            cmds.append(cmd + ([str(d) for d in [cfg.corpus, *cfg.seed_dirs]] if job == 0 else []))
+        return cmds
+    cmd = [str(TARGET), str(cfg.corpus), *[str(d) for d in cfg.seed_dirs if d.exists()],
+           f"-seed={cfg.seed}", "-max_len=4096", f"-rss_limit_mb={cfg.rss_limit_mb or 4096}",
+           "-print_final_stats=1"]
+    if cfg.max_time:
+        cmd.append(f"-max_total_time={int(max(1, cfg.max_time))}")
+    if cfg.runs:
+        cmd.append(f"-runs={cfg.runs}")
+    if cfg.jobs > 1:
+        cmd.append(f"-fork={cfg.jobs}")
+    return [cmd + cfg.libfuzzer_args]
+
+
+def _die_with_parent() -> None:
+    try:  # Linux: children get SIGTERM if the supervisor is killed outright
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)
+    except Exception:
+        pass
+
+
+def _existing(findings: Path) -> set[Path]:
+    return {p for p in findings.glob("*.json")} if findings.exists() else set()
+
+
+def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
+    cfg.findings.mkdir(parents=True, exist_ok=True)
+    cfg.corpus.mkdir(parents=True, exist_ok=True)
+    before = _existing(cfg.findings)
+    env = _child_env(cfg)
+    start = time.monotonic()
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                              cwd=os.getcwd(), preexec_fn=_die_with_parent) for cmd in _commands(cfg)]
+    sel = selectors.DefaultSelector()
+    for p in procs:
+        os.set_blocking(p.stdout.fileno(), False)
+        sel.register(p.stdout, selectors.EVENT_READ, p)
+    buffers: dict[int, bytes] = {p.pid: b"" for p in procs}
+    worker_stats: dict[str, tuple[int, int, int, int]] = {}
+    lf_execs = cov = corp = None
+    first_finding = None
+    tail: list[str] = []
+    interrupted = False
+    last_status = start
+
+    def handle(line: str) -> None:
+        nonlocal lf_execs, cov, corp, first_finding
+        if m := LIBFUZZER_LINE.match(line):
+            lf_execs, cov, corp = int(m[1]), int(m[2]), int(m[4])
+        elif m := STAT_LINE.match(line):
+            worker_stats[m[1]] = (int(m[2]), int(m[3]), int(m[4]), int(m[5]))
+        elif line.startswith(("FOUND ", "FLAKY ")):
+            if first_finding is None and line.startswith("FOUND "):
+                first_finding = time.monotonic() - start
+            print(f"[{time.monotonic() - start:6.1f}s] {line}", file=out, flush=True)
+        elif line.startswith("@@rss-limit"):
+            print(f"[{time.monotonic() - start:6.1f}s] worker stopped: {line[2:]}", file=out, flush=True)
+        if line and not line.startswith("@@"):
+            tail.append(line)
+            del tail[:-40]
+
+    def status() -> None:
+        execs = sum(s[0] for s in worker_stats.values())
+        if lf_execs is not None:
+            execs = max(execs, lf_execs)
+        elapsed = max(time.monotonic() - start, 1e-9)
+        found = len(_existing(cfg.findings) - before)
+        dups = sum(s[3] for s in worker_stats.values())
+        print(f"[{elapsed:6.1f}s] execs {execs} ({execs / elapsed:.0f}/s)  cov {cov if cov is not None else '-'}  "
+              f"corpus {corp if corp is not None else '-'}  findings {found} (dup hits {dups})", file=out, flush=True)
+
+    try:
+        while any(p.poll() is None for p in procs) or sel.get_map():
+            for key, _ in sel.select(timeout=0.5):
+                p = key.data
+                try:
+                    chunk = os.read(key.fileobj.fileno(), 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                buffers[p.pid] += chunk
+                *lines, buffers[p.pid] = buffers[p.pid].split(b"\n")
+                for raw in lines:
+                    handle(raw.decode(errors="replace").rstrip())
+            if not cfg.quiet and time.monotonic() - last_status >= STATUS_EVERY:
+                last_status = time.monotonic()
+                status()
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: stopping workers", file=out, flush=True)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    for p in procs:
+        p.wait()
+    if not cfg.quiet:
+        status()
+    execs = sum(s[0] for s in worker_stats.values())
+    new_files = sorted(_existing(cfg.findings) - before)
+    return CampaignResult(new_files, max(execs, lf_execs or 0), time.monotonic() - start, cov, corp, interrupted,
+                          [p.returncode for p in procs], first_finding, tail)
+
+
+def finding_meta(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()).get("finding", {})
+    except (OSError, ValueError):
+        return {}

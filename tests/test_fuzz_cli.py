@@ -1,0 +1,84 @@
+"""`mambafuzz fuzz`, `minimize` and `corpus` end to end (short, bounded runs)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fuzz.cli import main
+from fuzz.generate import random_scenario
+from tests.conftest import first_chunk_scenario
+
+
+def mambafuzz(*args, cwd, timeout=240):
+    return subprocess.run([sys.executable, "-m", "fuzz.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_random_engine_finds_the_prefix_bug_from_an_empty_corpus_and_files_it_minimized(tmp_path):
+    proc = mambafuzz("fuzz", "--split", "prefix", "--engine", "random", "--max-time", "60", "--stop-on-first",
+                     "--corpus", str(tmp_path / "corpus"), "--seeds", "--known", "--findings",
+                     str(tmp_path / "findings"), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    files = sorted((tmp_path / "findings").glob("*.json"))
+    assert len(files) == 1 and "FOUND" in proc.stdout and "repro: mambafuzz repro" in proc.stdout
+    case = json.loads(files[0].read_text())
+    assert case["finding"]["origin"]["input"] == "random"  # generated, not a seed
+    assert case["finding"]["reproduced"] == "3/3"
+    assert len(case["requests"]) <= 2
+    assert main(["repro", str(files[0]), "--split", "prefix"]) == 1
+    assert main(["repro", str(files[0]), "--split", "fixed"]) == 0
+
+
+def test_atheris_engine_runs_and_grows_the_corpus_on_fixed(tmp_path):
+    pytest.importorskip("atheris")
+    proc = mambafuzz("fuzz", "--split", "fixed", "--engine", "atheris", "--runs", "150", "--max-time", "120",
+                     "--corpus", str(tmp_path / "corpus"), "--seeds", "--findings", str(tmp_path / "findings"),
+                     "--known", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "summary: " in proc.stdout and "0 new finding(s)" in proc.stdout
+    assert any((tmp_path / "corpus").iterdir())
+
+
+def test_fuzz_usage_errors(tmp_path, capsys):
+    assert main(["fuzz", "--split", "nope", "--max-time", "1"]) == 2
+    assert "unknown split" in capsys.readouterr().err
+    assert main(["fuzz", "--jobs", "0", "--max-time", "1"]) == 2
+    (tmp_path / "file").write_text("x")
+    assert main(["fuzz", "--findings", str(tmp_path / "file"), "--max-time", "1"]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_minimize_command_keeps_the_signature(tmp_path, capsys):
+    big = first_chunk_scenario()
+    big.requests[0].max_tokens = 7
+    big.prefixes = [40]
+    big.requests[1].prefix_ids = [0]
+    path = tmp_path / "big.json"
+    path.write_text(big.dumps())
+    assert main(["minimize", str(path), "--split", "prefix", "--budget", "60"]) == 1
+    out = tmp_path / "big.min.json"
+    small = json.loads(out.read_text())
+    assert small["finding"]["signature"] == "slot_hash:short"
+    assert sum(r["max_tokens"] for r in small["requests"]) < 11
+    assert main(["repro", str(out), "--split", "prefix"]) == 1
+    assert main(["minimize", str(path), "--split", "fixed"]) == 0
+
+
+def test_corpus_add_regression_and_stats(tmp_path, capsys):
+    path = tmp_path / "case.json"
+    path.write_text(first_chunk_scenario().dumps())
+    regs = tmp_path / "regs"
+    assert main(["corpus", "add-regression", str(path), "--dir", str(regs), "--name", "fc"]) == 0
+    written = json.loads((regs / "fc.json").read_text())
+    assert written["expected"] == {"fixed": "clean", "prefix": "slot_hash", "realign": "clean"}
+    assert main(["corpus", "add-regression", str(path), "--dir", str(regs), "--name", "fc"]) == 2
+    import random
+    for i in range(3):
+        (regs / f"r{i}.json").write_text(random_scenario(random.Random(i)).dumps())
+    (regs / "junk.json").write_text("{nope")
+    capsys.readouterr()
+    assert main(["corpus", "stats", str(regs), "--no-coverage"]) == 0
+    out = capsys.readouterr()
+    assert "skipped 1" in out.out and "mamba block" in out.out and "junk.json" in out.err
