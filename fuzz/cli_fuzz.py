@@ -41,6 +41,8 @@ def add_commands(sub) -> None:
     f.add_argument("--rss-limit-mb", type=int, default=4096, metavar="MB",
                    help="stop a worker whose RSS exceeds this, like libFuzzer's -rss_limit_mb (default 4096)")
     f.add_argument("--quiet", action="store_true", help="no periodic status lines")
+    f.add_argument("--stats", metavar="CSV", help="keep the status lines as CSV (seconds,execs,coverage,corpus,"
+                                                  "findings), appended across runs: the coverage-over-time data")
     f.add_argument("libfuzzer_args", nargs="*", metavar="-- LIBFUZZER_FLAG",
                    help="passed to libFuzzer unchanged (atheris and hypothesis engines)")
     f.set_defaults(handler=cmd_fuzz)
@@ -114,7 +116,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         corpus=Path(args.corpus), seed_dirs=[Path(d) for d in args.seeds], findings=Path(args.findings),
         known_dirs=[Path(d) for d in args.known], stop_on_first=args.stop_on_first,
         minimize_budget=args.minimize_budget, rss_limit_mb=args.rss_limit_mb,
-        libfuzzer_args=list(args.libfuzzer_args), quiet=args.quiet)
+        libfuzzer_args=list(args.libfuzzer_args), quiet=args.quiet,
+        stats_file=Path(args.stats) if args.stats else None)
     print(f"fuzzing split {args.split} with {args.engine} x{args.jobs}, findings in {args.findings}/", flush=True)
     result = run_campaign(cfg)
     real = [p for p in result.new_files if not p.name.startswith("flaky-")]

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fuzz.corpus import atomic_write
+
 TARGET = Path(__file__).parent / "targets" / "fuzz_scheduler.py"
 STATUS_EVERY = 5.0
 LIBFUZZER_LINE = re.compile(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)/")
@@ -42,6 +44,7 @@ class CampaignConfig:
     rss_limit_mb: int
     libfuzzer_args: list[str] = field(default_factory=list)
     quiet: bool = False
+    stats_file: Path | None = None  # CSV of the status lines: the coverage-over-time data
 
 
 @dataclass
@@ -150,6 +153,11 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
             tail.append(line)
             del tail[:-40]
 
+    stats_rows: list[str] = []
+    if cfg.stats_file is not None and cfg.stats_file.exists():
+        stats_rows = cfg.stats_file.read_text().splitlines()[1:]
+    offset = float(stats_rows[-1].split(",")[0]) if stats_rows else 0.0
+
     def status() -> None:
         execs = sum(s[0] for s in worker_stats.values())
         if lf_execs is not None:
@@ -157,6 +165,12 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
         elapsed = max(time.monotonic() - start, 1e-9)
         found = len(_existing(cfg.findings) - before)
         dups = sum(s[3] for s in worker_stats.values())
+        if cfg.stats_file is not None:
+            stats_rows.append(f"{offset + elapsed:.1f},{execs},{cov if cov is not None else ''},"
+                              f"{corp if corp is not None else ''},{found}")
+            atomic_write(cfg.stats_file, "seconds,execs,coverage,corpus,findings\n" + "\n".join(stats_rows) + "\n")
+        if cfg.quiet:
+            return
         print(f"[{elapsed:6.1f}s] execs {execs} ({execs / elapsed:.0f}/s)  cov {cov if cov is not None else '-'}  "
               f"corpus {corp if corp is not None else '-'}  findings {found} (dup hits {dups})", file=out, flush=True)
 
@@ -175,7 +189,7 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
                 *lines, buffers[p.pid] = buffers[p.pid].split(b"\n")
                 for raw in lines:
                     handle(raw.decode(errors="replace").rstrip())
-            if not cfg.quiet and time.monotonic() - last_status >= STATUS_EVERY:
+            if time.monotonic() - last_status >= STATUS_EVERY:
                 last_status = time.monotonic()
                 status()
     except KeyboardInterrupt:
@@ -191,8 +205,7 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
                 p.kill()
     for p in procs:
         p.wait()
-    if not cfg.quiet:
-        status()
+    status()
     execs = sum(s[0] for s in worker_stats.values())
     new_files = sorted(_existing(cfg.findings) - before)
     return CampaignResult(new_files, max(execs, lf_execs or 0), time.monotonic() - start, cov, corp, interrupted,

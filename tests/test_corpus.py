@@ -1,0 +1,40 @@
+"""Every seed is clean on the installed split; every regression case gives its expected
+verdict on each split it lists (`ci/regress` runs exactly this file)."""
+
+from pathlib import Path
+
+import pytest
+
+from fuzz.corpus import load_case
+from fuzz.pipeline import evaluate
+
+ROOT = Path(__file__).resolve().parent.parent
+REGRESSION_DIR = Path(__import__("os").environ.get("MAMBAFUZZ_REGRESSIONS", ROOT / "corpus" / "regressions"))
+SEEDS = sorted((ROOT / "corpus" / "seeds").glob("*.json"))
+UPSTREAM = sorted((ROOT / "corpus" / "upstream").glob("*.json"))
+REGRESSIONS = [(p, split) for p in sorted(REGRESSION_DIR.glob("*.json")) for split in load_case(p).expected]
+
+
+@pytest.mark.parametrize("path", SEEDS, ids=[p.stem for p in SEEDS])
+def test_seed_is_clean_on_fixed(path):
+    v = evaluate(load_case(path).scenario, "fixed").verdict
+    assert v.clean, v.primary.message
+
+
+@pytest.mark.parametrize("path, split", REGRESSIONS, ids=[f"{p.stem}[{s}]" for p, s in REGRESSIONS])
+def test_regression_case_gives_its_expected_verdict(path, split):
+    case = load_case(path)
+    v = evaluate(case.scenario, split, efficiency=False).verdict
+    detail = v.primary.message if v.primary else "no finding"
+    assert v.kind == case.expected[split], f"{path.name} under {split}: expected {case.expected[split]}, got {v.kind}: {detail}"
+
+
+@pytest.mark.parametrize("path", UPSTREAM, ids=[p.stem for p in UPSTREAM])
+def test_upstream_case_still_shows_its_behaviour(path):
+    case = load_case(path)
+    for split, kind in case.expected.items():
+        assert evaluate(case.scenario, split, efficiency=False).verdict.kind == kind
+
+
+def test_corpus_is_not_empty():
+    assert SEEDS and REGRESSIONS

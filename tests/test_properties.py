@@ -1,0 +1,59 @@
+"""Hypothesis properties over the shared input model (`fuzz.generate.scenarios`).
+
+Profiles: `ci` (default, small and bounded) and `long`; choose with HYPOTHESIS_PROFILE=long.
+"""
+
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fuzz import harness, splits
+from fuzz.generate import scenario_from_bytes, scenarios
+from fuzz.pipeline import evaluate
+from fuzz.scenario import ScenarioError, loads, validate
+
+settings.register_profile("ci", max_examples=25, deadline=None, database=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+settings.register_profile("long", max_examples=2000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@given(scenarios())
+def test_generated_scenarios_round_trip_through_json(s):
+    if validate(s):
+        return
+    assert loads(s.dumps()) == s
+
+
+@given(st.binary(max_size=256))
+def test_any_bytes_decode_to_a_scenario(data):
+    s = scenario_from_bytes(data)
+    assert s.requests
+    assert isinstance(validate(s), list)
+
+
+@given(scenarios())
+def test_installed_vllm_keeps_the_invariant(s):
+    """The fuzzing property itself: on the installed split, nothing the oracles check fails."""
+    if validate(s):
+        return
+    try:
+        v = evaluate(s, "fixed", efficiency=False).verdict
+    except ScenarioError:
+        return
+    assert v.clean, f"{v.primary.message}\n{s.dumps()}"
+
+
+@given(scenarios())
+def test_restated_split_schedules_like_the_installed_one(s):
+    if validate(s):
+        return
+    try:
+        a = harness.run(s, None, "fixed")
+        b = harness.run(s, splits.restated_fixed_split, "restated")
+    except ScenarioError:
+        return
+    assert [[(c.request_id, c.start, c.num_tokens) for c in r.chunks] for r in a.steps] == \
+           [[(c.request_id, c.start, c.num_tokens) for c in r.chunks] for r in b.steps]
