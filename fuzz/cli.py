@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", action="store_true", help="print a step table: chunks, slot writes, new hashes")
     r.add_argument("--json", action="store_true", help="print one JSON object per file instead of text")
     r.add_argument("--no-differential", action="store_true", help="skip the prefix-caching-off run")
+    r.add_argument("--digest", action="store_true",
+                   help="also print a digest of the whole trace (equal digests: identical runs)")
     r.add_argument("--strict-efficiency", action="store_true",
                    help="count the efficiency differential against the installed split as a failure")
 
@@ -74,7 +76,7 @@ def _split_or_usage(name: str):
 def cmd_repro(args: argparse.Namespace) -> int:
     from fuzz import corpus
     from fuzz.pipeline import evaluate
-    from fuzz.report import describe, step_table
+    from fuzz.report import describe, step_table, trace_digest
     from fuzz.scenario import ScenarioError
 
     _split_or_usage(args.split)
@@ -95,11 +97,16 @@ def cmd_repro(args: argparse.Namespace) -> int:
             continue
         expected = case.expected.get(args.split)
         if args.json:
-            print(json.dumps(describe(path, args.split, ev, expected)))
+            obj = describe(path, args.split, ev, expected)
+            if args.digest:
+                obj["digest"] = trace_digest(ev.trace)
+            print(json.dumps(obj))
         else:
             _print_text(path, args.split, ev, expected)
             if args.trace:
                 print(step_table(ev.trace))
+            if args.digest:
+                print(f"  trace digest: {trace_digest(ev.trace)}")
         if not ev.verdict.clean and worst == EXIT_CLEAN:
             worst = EXIT_FOUND
     return worst

@@ -138,6 +138,10 @@ def iter_cases(paths: list[str | os.PathLike], stats: WalkStats | None = None, w
                 continue
             if p.is_dir():
                 continue
+            if not p.is_file():
+                warn(f"{p}: skipped, not a regular file")
+                stats.skipped += 1
+                continue
             if p.suffix != ".json":
                 warn(f"{p}: skipped, not a .json scenario")
                 stats.skipped += 1

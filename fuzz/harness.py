@@ -6,6 +6,10 @@ scenario -> (this module) -> trace -> oracle.  The harness judges nothing itself
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -56,9 +60,23 @@ def _vllm_frame(exc: BaseException) -> str:
     return f"{path}:{f.lineno} in {f.name}"
 
 
+DEFAULT_TIMEOUT = float(os.environ.get("MAMBAFUZZ_SCENARIO_TIMEOUT", "60"))
+
+
+class _WallClockExceeded(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _WallClockExceeded()
+
+
 def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "fixed",
-        prefix_caching: bool = True) -> Trace:
-    """Run `scenario` once; `split` replaces Scheduler._mamba_block_aligned_split if given."""
+        prefix_caching: bool = True, timeout: float | None = None) -> Trace:
+    """Run `scenario` once; `split` replaces Scheduler._mamba_block_aligned_split if given.
+
+    Bounded twice: by the scenario's step bound (liveness) and by a wall-clock `timeout`
+    (checked every step, with a SIGALRM backstop for a hang inside one vLLM call)."""
     engine = scenario.engine
     if not prefix_caching:
         engine = _without_prefix_caching(engine)
@@ -71,7 +89,20 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
     except Exception as exc:  # vLLM failed to build a scheduler for a config it accepted
         trace.crash = Crash(type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", _vllm_frame(exc), -1)
         return trace
-    _Runner(scenario, session, trace, prefix_caching).run()
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    runner = _Runner(scenario, session, trace, prefix_caching, time.monotonic() + timeout)
+    use_alarm = timeout > 0 and threading.current_thread() is threading.main_thread()
+    if use_alarm:
+        previous = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout + 5)
+    try:
+        runner.run()
+    except _WallClockExceeded:
+        trace.timed_out = True
+    finally:
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
     return trace
 
 
@@ -84,7 +115,9 @@ def _without_prefix_caching(e):
 
 
 class _Runner:
-    def __init__(self, scenario: Scenario, session: vb.SchedulerSession, trace: Trace, prefix_caching: bool):
+    def __init__(self, scenario: Scenario, session: vb.SchedulerSession, trace: Trace, prefix_caching: bool,
+                 deadline: float = float("inf")):
+        self.deadline = deadline
         self.s = scenario
         self.session = session
         self.trace = trace
@@ -122,8 +155,13 @@ class _Runner:
                 if step >= self.trace.step_bound:
                     self.trace.hit_bound = True
                     break
+                if time.monotonic() > self.deadline:
+                    self.trace.timed_out = True
+                    break
                 self._step(step)
                 step += 1
+        except _WallClockExceeded:
+            self.trace.timed_out = True
         except Exception as exc:
             self.trace.crash = Crash(type(exc).__name__, (str(exc).splitlines() or [""])[0], _vllm_frame(exc), step)
         for rid in self.ids:

@@ -44,6 +44,10 @@ def iter_input_files(dirs: list[Path], stats: dict | None = None, warn=None) -> 
                 continue
             if p.is_dir():
                 continue
+            if not p.is_file():
+                warn(f"{p}: skipped, not a regular file")
+                stats["skipped"] += 1
+                continue
             try:
                 if p.stat().st_size > MAX_INPUT_BYTES:
                     warn(f"{p}: skipped, larger than {MAX_INPUT_BYTES} bytes")

@@ -32,15 +32,15 @@ def _relation(held: State, claimed: State) -> str:
     return "foreign"
 
 
-def last_write(trace: Trace, block_id: int, before_step: int) -> str:
-    """Who last wrote `block_id`, for the finding's message."""
+def last_write(trace: Trace, block_id: int, before_step: int) -> tuple[str, str]:
+    """Who last wrote `block_id`: (sentence for the message, write cause for the signature)."""
     for rec in reversed(trace.steps[: before_step + 1]):
         for w in reversed(rec.writes):
             if w.block_id == block_id:
                 chunk = next((c for c in rec.chunks if c.request_id == w.request_id), None)
                 span = f" (chunk {chunk.start}..{chunk.end})" if chunk else ""
-                return f"last written at step {rec.step} by {w.request_id} [{w.cause}]{span}"
-    return "never written by any modelled kernel"
+                return f"last written at step {rec.step} by {w.request_id} [{w.cause}]{span}", w.cause
+    return "never written by any modelled kernel", "unwritten"
 
 
 def check_slot_hashes(trace: Trace) -> Finding | None:
@@ -49,11 +49,11 @@ def check_slot_hashes(trace: Trace) -> Finding | None:
         for e in rec.cache:
             if e.held != e.claimed:
                 rel = _relation(e.held, e.claimed)
+                writer, cause = last_write(trace, e.block_id, rec.step)
                 return SlotHashMismatch(
                     f"step {rec.step}: mamba block {e.block_id} (slot {e.column} of {e.claimed_by}) is published "
-                    f"as the state after {e.claimed.num_tokens} tokens but holds {e.held} ({rel}); "
-                    f"{last_write(trace, e.block_id, rec.step)}",
-                    location=rel, step=rec.step, request_id=e.claimed_by,
+                    f"as the state after {e.claimed.num_tokens} tokens but holds {e.held} ({rel}); {writer}",
+                    location=f"{rel}/{cause}", step=rec.step, request_id=e.claimed_by,
                 )
             if e.primary and e.recorded_tokens is not None and e.recorded_tokens != e.claimed.num_tokens:
                 return SlotHashMismatch(
@@ -87,7 +87,11 @@ def check_reads(trace: Trace) -> Finding | None:
 
 
 def check_liveness(trace: Trace) -> Finding | None:
-    """(d) Every request finishes within the scenario's step bound."""
+    """(d) Every request finishes within the scenario's step bound (and the run within its
+    wall-clock bound)."""
+    if trace.timed_out:
+        return Stall(f"the run exceeded its wall-clock bound after {len(trace.steps)} steps",
+                     location="wall-clock", step=len(trace.steps))
     if trace.hit_bound or trace.unfinished:
         names = ", ".join(trace.unfinished) or "some request"
         return Stall(f"{names} did not finish within {trace.step_bound} steps",

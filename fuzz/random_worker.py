@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import gc
 import random
-import resource
 import sys
 import time
 from pathlib import Path
@@ -18,11 +17,7 @@ from pathlib import Path
 from fuzz.generate import random_scenario
 from fuzz.inputs import decode_input, iter_input_files
 from fuzz.scenario import validate
-from fuzz.target_runtime import Runtime
-
-
-def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+from fuzz.target_runtime import Runtime, current_rss_mb
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
                 runtime.rejected += 1
                 continue
             runtime.run_scenario(scenario, {"input": "random", "seed": args.seed, "case_seed": case_seed})
-            if args.rss_limit_mb and rss_mb() > args.rss_limit_mb:
-                print(f"@@rss-limit rss={rss_mb():.0f}MB limit={args.rss_limit_mb}MB", flush=True)
+            if args.rss_limit_mb and current_rss_mb() > args.rss_limit_mb:
+                print(f"@@rss-limit rss={current_rss_mb():.0f}MB limit={args.rss_limit_mb}MB", flush=True)
                 runtime.status(final=True)
                 return 3
     except KeyboardInterrupt:

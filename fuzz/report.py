@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from fuzz.trace import Trace
@@ -59,3 +60,14 @@ def step_table(trace: Trace) -> str:
     if trace.crash:
         lines.append(f"crash at step {trace.crash.step}: {trace.crash.exc_type}: {trace.crash.message}")
     return "\n".join(lines)
+
+
+def trace_digest(trace: Trace) -> str:
+    """A digest of everything the trace recorded, in order: equal digests mean the runs
+    scheduled, wrote, published and generated exactly the same things."""
+    h = hashlib.sha256()
+    for rec in trace.steps:
+        h.update(repr(rec).encode())
+    h.update(repr((sorted(trace.outputs.items()), sorted(trace.finish_status.items()), trace.unfinished,
+                   trace.hit_bound, trace.crash)).encode())
+    return h.hexdigest()[:32]

@@ -24,7 +24,9 @@ from fuzz.corpus import atomic_write
 TARGET = Path(__file__).parent / "targets" / "fuzz_scheduler.py"
 STATUS_EVERY = 5.0
 LIBFUZZER_LINE = re.compile(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)/")
-STAT_LINE = re.compile(r"^@@stat pid=(\d+) execs=(\d+) rejected=(\d+) findings=(\d+) dups=(\d+)")
+STAT_LINE = re.compile(r"^@@stat pid=(\d+) execs=(\d+) rejected=(\d+) findings=(\d+) dups=(\d+)"
+                       r"(?: seconds=[\d.]+ rss_mb=(\d+))?")
+RSS_LINE = re.compile(r"rss: (\d+)Mb")
 
 
 @dataclass
@@ -132,6 +134,7 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
     buffers: dict[int, bytes] = {p.pid: b"" for p in procs}
     worker_stats: dict[str, tuple[int, int, int, int]] = {}
     lf_execs = cov = corp = None
+    lf_rss = [0]
     first_finding = None
     tail: list[str] = []
     interrupted = False
@@ -141,8 +144,10 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
         nonlocal lf_execs, cov, corp, first_finding
         if m := LIBFUZZER_LINE.match(line):
             lf_execs, cov, corp = int(m[1]), int(m[2]), int(m[4])
+            if r := RSS_LINE.search(line):
+                lf_rss[0] = int(r[1])
         elif m := STAT_LINE.match(line):
-            worker_stats[m[1]] = (int(m[2]), int(m[3]), int(m[4]), int(m[5]))
+            worker_stats[m[1]] = (int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6] or 0))
         elif line.startswith(("FOUND ", "FLAKY ")):
             if first_finding is None and line.startswith("FOUND "):
                 first_finding = time.monotonic() - start
@@ -165,14 +170,17 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
         elapsed = max(time.monotonic() - start, 1e-9)
         found = len(_existing(cfg.findings) - before)
         dups = sum(s[3] for s in worker_stats.values())
+        rss = max([s[4] for s in worker_stats.values()] + lf_rss)
         if cfg.stats_file is not None:
             stats_rows.append(f"{offset + elapsed:.1f},{execs},{cov if cov is not None else ''},"
-                              f"{corp if corp is not None else ''},{found}")
-            atomic_write(cfg.stats_file, "seconds,execs,coverage,corpus,findings\n" + "\n".join(stats_rows) + "\n")
+                              f"{corp if corp is not None else ''},{found},{rss}")
+            atomic_write(cfg.stats_file, "seconds,execs,coverage,corpus,findings,rss_mb\n"
+                         + "\n".join(stats_rows) + "\n")
         if cfg.quiet:
             return
         print(f"[{elapsed:6.1f}s] execs {execs} ({execs / elapsed:.0f}/s)  cov {cov if cov is not None else '-'}  "
-              f"corpus {corp if corp is not None else '-'}  findings {found} (dup hits {dups})", file=out, flush=True)
+              f"corpus {corp if corp is not None else '-'}  findings {found} (dup hits {dups})  rss {rss}MB",
+              file=out, flush=True)
 
     try:
         while any(p.poll() is None for p in procs) or sel.get_map():

@@ -120,4 +120,14 @@ class Runtime:
     def status(self, final: bool = False) -> None:
         print(f"@@stat pid={os.getpid()} execs={self.execs} rejected={self.rejected} "
               f"findings={len(self.store.filed)} dups={self.store.duplicates} "
-              f"seconds={time.monotonic() - self.started:.1f}{' final=1' if final else ''}", flush=True)
+              f"seconds={time.monotonic() - self.started:.1f} rss_mb={current_rss_mb():.0f}"
+              f"{' final=1' if final else ''}", flush=True)
+
+
+def current_rss_mb() -> float:
+    """Resident set size now (not the peak), from /proc."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    except (OSError, ValueError, IndexError):
+        return 0.0

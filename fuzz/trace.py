@@ -94,6 +94,7 @@ class Trace:
     unfinished: list[str] = field(default_factory=list)
     step_bound: int = 0
     hit_bound: bool = False
+    timed_out: bool = False  # the wall-clock bound, not the step bound, ended the run
     crash: Crash | None = None
     # efficiency counters, for the differential against a reference split
     forward_steps: int = 0

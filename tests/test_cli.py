@@ -29,7 +29,7 @@ def test_repro_exit_codes_per_split(first_chunk_file, capsys):
 def test_repro_json_and_trace(first_chunk_file, capsys):
     assert main(["repro", str(first_chunk_file), "--split", "prefix", "--json"]) == 1
     obj = json.loads(capsys.readouterr().out)
-    assert obj["verdict"] == "slot_hash" and obj["findings"][0]["signature"] == "slot_hash:short"
+    assert obj["verdict"] == "slot_hash" and obj["findings"][0]["signature"] == "slot_hash:short/chunk-end"
     assert main(["repro", str(first_chunk_file), "--split", "prefix", "--trace"]) == 1
     assert "POISONED" in capsys.readouterr().out
 

@@ -60,7 +60,7 @@ def test_minimize_command_keeps_the_signature(tmp_path, capsys):
     assert main(["minimize", str(path), "--split", "prefix", "--budget", "60"]) == 1
     out = tmp_path / "big.min.json"
     small = json.loads(out.read_text())
-    assert small["finding"]["signature"] == "slot_hash:short"
+    assert small["finding"]["signature"] == "slot_hash:short/chunk-end"
     assert sum(r["max_tokens"] for r in small["requests"]) < 11
     assert main(["repro", str(out), "--split", "prefix"]) == 1
     assert main(["minimize", str(path), "--split", "fixed"]) == 0

@@ -45,7 +45,7 @@ def test_slot_hash_fires_on_poisoned_block_and_names_the_writer():
     t.steps[0].cache = [CacheEntry(7, 0, TRUTH.at(16), TRUTH.at(10), "r0", True, True, 16)]
     f = oracle.check_slot_hashes(t)
     assert isinstance(f, SlotHashMismatch)
-    assert f.signature == "slot_hash:short"
+    assert f.signature == "slot_hash:short/chunk-end"
     assert "block 7 (slot 0 of r0)" in f.message and "after 16 tokens" in f.message and "state@10" in f.message
     assert "last written at step 0 by r0 [chunk-end]" in f.message
 
