@@ -305,3 +305,14 @@ def installed_split() -> SplitFn:
 
 def is_waiting_for_remote_kv(req: Request) -> bool:
     return req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+
+
+def _apply_planted_bug() -> None:
+    """Mutation testing only: MAMBAFUZZ_MUTANT names a planted bug from fuzz.mutants."""
+    if os.environ.get("MAMBAFUZZ_MUTANT"):
+        from fuzz import mutants
+
+        mutants.apply_from_env()
+
+
+_apply_planted_bug()
