@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
 
@@ -48,8 +49,20 @@ class _HypothesisDecoder:
 
     def __call__(self, data: bytes) -> Scenario | None:
         self._drawn.clear()
-        self._fuzz_one_input(data)
+        self._fuzz_one_input(pad_with_own_entropy(data))
         return self._drawn[-1] if self._drawn else None
+
+
+PAD_TO = 2048
+
+
+def pad_with_own_entropy(data: bytes) -> bytes:
+    """Hypothesis rejects a buffer that runs out mid-draw; extend short inputs with bytes from a
+    PRNG seeded by the input itself, so every input decodes and libFuzzer's mutations of the
+    leading bytes still steer the leading draws (the same idea as BytesSource's tail)."""
+    if len(data) >= PAD_TO:
+        return data
+    return data + random.Random(data).randbytes(PAD_TO - len(data))
 
 
 class Runtime:

@@ -259,3 +259,16 @@ def test_two_fuzz_processes_can_share_one_corpus(tmp_path):
     for p in entries:
         assert decode_input(p.read_bytes()) is not None or p.read_bytes().lstrip().startswith(b"{")
     assert _check_dir(findings) > 0
+
+
+def test_flaky_finding_is_filed_as_flaky(tmp_path):
+    from fuzz.finding_store import FindingStore
+
+    store = FindingStore(tmp_path, "tests.helpers.flaky_split:split", repro_runs=6, announce=False)
+    filed = store.handle(first_chunk_scenario(), "slot_hash:short/chunk-end", "seen once", {"engine": "test"})
+    assert filed is not None and filed.flaky and filed.path.name.startswith("flaky-")
+    hits, runs = map(int, filed.repro_rate.split("/"))
+    assert runs == 6 and 0 < hits < 6
+    meta = json.loads(filed.path.read_text())["finding"]
+    assert meta["flaky"] is True and meta["reproduced"] == filed.repro_rate
+    print(f"constructed flaky case reproduced {filed.repro_rate}")

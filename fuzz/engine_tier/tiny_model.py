@@ -1,0 +1,83 @@
+"""Build the tiny qwen3_next checkpoint the engine tier runs, locally, on first use.
+
+Why built and not shipped: a checkpoint is binary and megabytes; the project ships only
+`fuzz/tiny_model/config.json`.  Why real random weights and not `load_format="dummy"`:
+dummy weights make a context-blind model (every output repeats one token), so a truncated
+mamba state could never change an output.  Weights drawn with a fixed seed and a wide
+`initializer_range` give greedy outputs that depend on early context, which is what lets
+a poisoned prefix-cache entry show up as a token divergence.
+
+The checkpoint lands in `$XDG_CACHE_HOME/mambafuzz/tiny-qwen3-next-<hash>` (default
+`~/.cache`); the hash covers the config, the seed and the library versions, so a change
+of any of them builds a fresh directory.  It is built in a temporary sibling and renamed
+into place, so a crash or a concurrent builder never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+CONFIG_PATH = Path(__file__).resolve().parent.parent / "tiny_model" / "config.json"
+SEED = 1234
+INITIALIZER_RANGE = 0.2
+BUILD_VERSION = 1  # bump when the recipe below changes
+
+
+def _versions() -> str:
+    import torch
+    import transformers
+
+    return f"recipe{BUILD_VERSION}/torch{torch.__version__}/transformers{transformers.__version__}/seed{SEED}"
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "mambafuzz"
+
+
+def model_dir() -> Path:
+    """Where the checkpoint for the shipped config and this recipe lives (built or not)."""
+    digest = hashlib.sha256(CONFIG_PATH.read_bytes() + _versions().encode()).hexdigest()[:12]
+    return cache_root() / f"tiny-qwen3-next-{digest}"
+
+
+def _is_complete(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def ensure_model() -> Path:
+    """Return the checkpoint directory, building it (about 3 s, 8 MB) if it is missing."""
+    target = model_dir()
+    if _is_complete(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        _build(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not _is_complete(target):  # not a concurrent builder's success: a real failure
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _build(out: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = json.loads(CONFIG_PATH.read_text())
+    raw["initializer_range"] = INITIALIZER_RANGE
+    model_type = raw.pop("model_type")
+    cfg = AutoConfig.for_model(model_type, **raw)
+    torch.manual_seed(SEED)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(str(out))
