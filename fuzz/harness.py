@@ -178,7 +178,7 @@ class _Runner:
         for i, (rid, r) in enumerate(zip(self.ids, self.s.requests)):
             if r.arrival_step == step:
                 prompt = self.s.prompt_tokens(i)
-                self.live[rid] = _Live(i, PrefixStates(prompt))
+                self.live[rid] = _Live(i, PrefixStates.for_prompt(prompt))
                 session.add_request(rid, prompt, r.max_tokens, float(step))
                 rec.arrivals.append(rid)
         aborts = [rid for rid, r in zip(self.ids, self.s.requests)

@@ -31,6 +31,9 @@ class State:
 EMPTY = State(0, 0xCBF29CE484222325)
 
 
+_PROMPT_CHAINS: dict[tuple[int, ...], list[int]] = {}
+
+
 class PrefixStates:
     """The true state after each prefix of one token sequence, extended as the sequence grows
     (prompt first, then sampled outputs).  Keeps only the fingerprint chain; `State`
@@ -41,6 +44,22 @@ class PrefixStates:
         self._tokens: list[int] = []
         if tokens:
             self.append(tokens)
+
+    @classmethod
+    def for_prompt(cls, prompt: list[int]) -> PrefixStates:
+        """Same as PrefixStates(prompt), reusing the chain computed for an identical prompt
+        (each evaluation runs the same prompts with prefix caching on and off)."""
+        key = tuple(prompt)
+        chain = _PROMPT_CHAINS.get(key)
+        if chain is None:
+            chain = cls(prompt)._fps
+            if len(_PROMPT_CHAINS) >= 256:
+                _PROMPT_CHAINS.pop(next(iter(_PROMPT_CHAINS)))
+            _PROMPT_CHAINS[key] = chain
+        states = cls()
+        states._fps = list(chain)
+        states._tokens = list(prompt)
+        return states
 
     def append(self, tokens: list[int]) -> None:
         fps = self._fps
