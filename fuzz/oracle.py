@@ -50,6 +50,10 @@ def check_slot_hashes(trace: Trace) -> Finding | None:
             if e.held != e.claimed:
                 rel = _relation(e.held, e.claimed)
                 writer, cause = last_write(trace, e.block_id, rec.step)
+                # Did the publishing request's row also export an internal prefill checkpoint?
+                # That separates the checkpoint-exemption class from plain fragmented chunks.
+                if any(w.request_id == e.claimed_by and w.cause == "checkpoint" for w in rec.writes):
+                    cause += "+ckpt"
                 return SlotHashMismatch(
                     f"step {rec.step}: mamba block {e.block_id} (slot {e.column} of {e.claimed_by}) is published "
                     f"as the state after {e.claimed.num_tokens} tokens but holds {e.held} ({rel}); {writer}",
@@ -81,7 +85,7 @@ def check_reads(trace: Trace) -> Finding | None:
             return StaleStateRead(
                 f"step {rec.step}: {c.request_id} ran tokens {c.start}..{c.end} from block {c.read_block} "
                 f"(column {c.read_column}) holding {c.read_state}, expected {c.true_state} ({rel})",
-                location=rel, step=rec.step, request_id=c.request_id,
+                location=rel + ("/from-empty" if c.start == 0 else ""), step=rec.step, request_id=c.request_id,
             )
     return None
 

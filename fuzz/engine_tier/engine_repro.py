@@ -1,0 +1,271 @@
+"""Replay a scenario through a real vLLM engine, cached vs uncached, and compare.
+
+Why: the harness proves a split publishes a wrong mamba state under its kernel model; the
+engine tier checks that the real model runner and kernels agree, i.e. that greedy outputs
+with prefix caching on (align mode, the split under test) equal those with it off.  It also
+records what the real engine scheduled each step and compares it with the harness's trace
+of the same scenario, which validates the harness's view of the scheduler.
+
+Finding kinds: `engine_divergence` (tokens differ, or logprobs beyond LOGPROB_TOL) and
+`engine_crash` (vLLM raised while serving, or a request never finished).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fuzz.engine_tier import engines
+from fuzz.scenario import Scenario
+
+# Cached and uncached runs cut prefills differently, so bf16 sums differ a little.
+LOGPROB_TOL = float(os.environ.get("MAMBAFUZZ_LOGPROB_TOL", "0.1"))
+# A flipped greedy token is only a divergence when it is no near-tie: both runs' top-2
+# logprobs at that position are further apart than this.
+TIE_TOL = float(os.environ.get("MAMBAFUZZ_TIE_TOL", "0.05"))
+SCENARIO_TIMEOUT = float(os.environ.get("MAMBAFUZZ_ENGINE_TIMEOUT", "300"))
+
+
+@dataclass
+class Replay:
+    """What one engine run produced."""
+
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[float]] = field(default_factory=dict)
+    # per position: the top-2 (token, logprob) pairs, to tell a near-tie from a divergence
+    top2: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)
+    schedule: list[dict[str, int]] = field(default_factory=list)  # per step: request -> tokens scheduled
+    aborted: set[str] = field(default_factory=set)
+    finished: set[str] = field(default_factory=set)
+    unfinished: list[str] = field(default_factory=list)
+    crash: str | None = None
+    steps: int = 0
+    wall_s: float = 0.0
+
+
+def _vllm_frame(exc: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/vllm/" in f.filename]
+    if not frames:
+        return "outside-vllm"
+    f = frames[-1]
+    return f"{f.filename[f.filename.rfind('/vllm/') + 1:]}:{f.lineno} in {f.name}"
+
+
+def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> Replay:
+    """Drive `s` step by step through `handle`'s engine: arrivals and aborts at their steps,
+    one engine.step() per step, until every request finished (or the liveness bound)."""
+    from vllm import SamplingParams
+
+    out = Replay()
+    ids = s.request_ids()
+    handle.install_split(split_fn)
+    handle.schedule_log = []
+    added: list[str] = []
+    t0 = time.monotonic()
+    step = 0
+    try:
+        while True:
+            pending = any(r.arrival_step >= step for r in s.requests)
+            if not pending and not handle.engine.has_unfinished_requests():
+                break
+            if step >= s.liveness_bound() or time.monotonic() - t0 > SCENARIO_TIMEOUT:
+                out.unfinished = [rid for rid in added if rid not in out.aborted and not _finished(out, rid)]
+                break
+            for i, (rid, r) in enumerate(zip(ids, s.requests)):
+                if r.arrival_step == step:
+                    params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True, logprobs=2)
+                    handle.engine.add_request(rid, {"prompt_token_ids": s.prompt_tokens(i)}, params)
+                    added.append(rid)
+                    out.tokens[rid], out.logprobs[rid], out.top2[rid] = [], [], []
+            aborts = [rid for rid, r in zip(ids, s.requests) if r.abort_step == step and rid in added
+                      and not _finished(out, rid)]
+            if aborts:
+                handle.engine.abort_request(aborts)
+                out.aborted.update(aborts)
+            before = len(handle.schedule_log)
+            for o in handle.engine.step():
+                _take(out, o)
+            log = handle.schedule_log
+            out.schedule.append({_external(k): v for k, v in log[-1].items()} if len(log) > before else {})
+            step += 1
+    except Exception as exc:  # vLLM raised while serving: the engine is no longer trustworthy
+        out.crash = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]} at {_vllm_frame(exc)} (step {step})"
+    out.steps = step
+    out.wall_s = time.monotonic() - t0
+    if out.crash is not None:
+        engines.drop_engine(handle.spec)
+    else:
+        handle.reset(added)
+    return out
+
+
+def _finished(out: Replay, rid: str) -> bool:
+    return rid in out.finished
+
+
+def _take(out: Replay, o: Any) -> None:
+    """Fold one RequestOutput (cumulative) into the replay."""
+    rid = o.request_id
+    c = o.outputs[0]
+    out.tokens[rid] = list(c.token_ids)
+    lps, tops = [], []
+    for tok, d in zip(c.token_ids, c.logprobs or []):
+        lps.append(float(d[tok].logprob) if tok in d else math.nan)
+        tops.append(sorted(((int(t), float(lp.logprob)) for t, lp in d.items()), key=lambda x: -x[1])[:2])
+    out.logprobs[rid], out.top2[rid] = lps, tops
+    if o.finished:
+        out.finished.add(rid)
+
+
+def _external(internal_id: str) -> str:
+    """vLLM appends '-<8 random chars>' to every request id it is given."""
+    return internal_id.rsplit("-", 1)[0]
+
+
+# ---- comparison -----------------------------------------------------------------------
+
+def compare(cached: Replay, uncached: Replay) -> str | None:
+    """The first way `cached` generated differently from `uncached`, or None.
+
+    Aborted requests are compared over the tokens both runs produced (greedy: a prefix)."""
+    for rid in cached.tokens:
+        diff = _compare_request(cached, uncached, rid)
+        if diff is not None:
+            return diff
+    return None
+
+
+def _compare_request(cached: Replay, uncached: Replay, rid: str) -> str | None:
+    toks, other = cached.tokens[rid], uncached.tokens.get(rid, [])
+    partial = rid in cached.aborted or rid in uncached.aborted
+    n = min(len(toks), len(other)) if partial else max(len(toks), len(other))
+    for i in range(n):
+        a = toks[i] if i < len(toks) else None
+        b = other[i] if i < len(other) else None
+        if a != b:
+            if a is not None and b is not None and _near_tie(cached, uncached, rid, i):
+                return None  # a bf16 near-tie flipped: the continuations legitimately differ
+            return (f"{rid}: token {i} is {a} with prefix caching on and {b} with it off "
+                    f"(on: {toks[i:i + 4]}..., off: {other[i:i + 4]}...)")
+        la, lb = cached.logprobs[rid][i], uncached.logprobs[rid][i]
+        if abs(la - lb) > LOGPROB_TOL:
+            return f"{rid}: token {i} ({a}) has logprob {la:.4f} with prefix caching on and {lb:.4f} off"
+    return None
+
+
+def _near_tie(cached: Replay, uncached: Replay, rid: str, i: int) -> bool:
+    for r in (cached, uncached):
+        top = r.top2[rid][i] if i < len(r.top2[rid]) else []
+        if len(top) < 2 or top[0][1] - top[1][1] > TIE_TOL:
+            return False
+    return True
+
+
+def harness_schedule(s: Scenario, split_fn: Any, split_name: str) -> tuple[list[dict[str, int]] | None, str | None]:
+    """What the harness scheduled per step for `s` (prefix caching on), or (None, why not)."""
+    from fuzz import harness
+
+    trace = harness.run(s, split_fn, split_name)
+    if trace.crash is not None:
+        return None, f"harness crashed: {trace.crash.exc_type} at {trace.crash.vllm_frame}"
+    return [{c.request_id: c.num_tokens for c in st.chunks} for st in trace.steps], None
+
+
+def schedule_diff(engine: list[dict[str, int]], harness: list[dict[str, int]]) -> str | None:
+    """The first step where the two schedules differ, in words, or None."""
+    for step in range(max(len(engine), len(harness))):
+        a = engine[step] if step < len(engine) else None
+        b = harness[step] if step < len(harness) else None
+        if a != b:
+            return f"step {step}: engine scheduled {a}, harness {b}"
+    return None
+
+
+# ---- the verdict ----------------------------------------------------------------------
+
+def confirm(scenario: Scenario, split: str | Callable[..., int] = "fixed") -> dict[str, Any]:
+    """Replay `scenario` on the CPU engine under `split` (a --split name, or the function
+    itself), cached vs uncached.
+
+    Returns {"status": "diverged"|"agreed"|"skipped"|"crashed", "reason", "schedule_match",
+    "kind" (finding kind or None), "schedule_diff", "adapted", timings...}.  Raises
+    fuzz.splits.SplitError for an unknown split name."""
+    from fuzz import splits
+
+    if callable(split):
+        split_fn, split = split, getattr(split, "__name__", "custom")
+    else:
+        split_fn = splits.resolve(split)
+    result: dict[str, Any] = {"status": "skipped", "reason": None, "kind": None, "schedule_match": None,
+                              "schedule_diff": None, "split": split, "adapted": []}
+    why = engines.unsupported(scenario)
+    if why is not None:
+        result["reason"] = why
+        return result
+    view = engines.engine_view(scenario)
+    result["adapted"] = engines.adaptations(scenario)
+    t0 = time.monotonic()
+    try:
+        cached_engine = engines.get_engine(engines.EngineSpec.for_scenario(scenario, True))
+        uncached_engine = engines.get_engine(engines.EngineSpec.for_scenario(scenario, False))
+    except engines.EngineStartError as exc:
+        result["reason"] = str(exc)
+        return result
+    result["startup_s"] = round(time.monotonic() - t0, 2)
+    if scenario.engine.num_gpu_blocks is None:
+        for h in (cached_engine, uncached_engine):
+            if not engines.ample_for_engine(scenario, h.num_blocks):
+                result["reason"] = (f"the engine's pool ({h.num_blocks} blocks of {h.spec.block_size}) is not ample for "
+                                    "this scenario; raise MAMBAFUZZ_ENGINE_KV_GIB")
+                return result
+    cached = replay(cached_engine, scenario, split_fn)
+    uncached = replay(uncached_engine, scenario, None)
+    result["cached"] = _summary(cached)
+    result["uncached"] = _summary(uncached)
+    result["replay_s"] = round(cached.wall_s + uncached.wall_s, 2)
+    for label, r in (("prefix caching on", cached), ("prefix caching off", uncached)):
+        if r.crash is not None:
+            result.update(status="crashed", kind="engine_crash", reason=f"{label}: {r.crash}")
+            break
+        if r.unfinished:
+            result.update(status="crashed", kind="engine_crash",
+                          reason=f"{label}: stall: {', '.join(r.unfinished)} unfinished after {r.steps} steps")
+            break
+    else:
+        diff = compare(cached, uncached)
+        if diff is None:
+            result.update(status="agreed", reason="cached and uncached outputs agree")
+        else:
+            result.update(status="diverged", kind="engine_divergence", reason=diff)
+    _schedule_check(result, scenario, view, cached, split_fn, split)
+    return result
+
+
+def _schedule_check(result: dict[str, Any], scenario: Scenario, view: Scenario, cached: Replay,
+                    split_fn: Any, split: str) -> None:
+    if cached.crash is not None:
+        result["schedule_note"] = "engine crashed: schedules not compared"
+        return
+    if scenario.engine.num_gpu_blocks is not None:
+        result["schedule_note"] = ("explicit pool: the engine splits it over 4 KV-cache groups (3 mamba + 1 "
+                                   "attention), the harness over 2, so preemption points differ by design")
+    sched, why = harness_schedule(view, split_fn, split)
+    if sched is None:
+        result["schedule_note"] = why
+        return
+    diff = schedule_diff(cached.schedule, sched)
+    result["schedule_match"] = diff is None
+    result["schedule_diff"] = diff
+    if result["adapted"]:
+        original, _ = harness_schedule(scenario, split_fn, split)
+        result["adaptation_changes_harness_schedule"] = original != sched
+
+
+def _summary(r: Replay) -> dict[str, Any]:
+    return {"steps": r.steps, "wall_s": round(r.wall_s, 3), "tokens": r.tokens,
+            "aborted": sorted(r.aborted), "crash": r.crash}
