@@ -60,7 +60,8 @@ def exec_rate(engine: str, seconds: float, jobs: int = 1) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         _, out, _ = fuzz(["--split", "fixed", "--engine", engine, "--max-time", str(seconds), "--jobs", str(jobs),
-                          "--corpus", str(tmp / "c"), "--seeds", "--known", "--findings", str(tmp / "f")],
+                          "--corpus", str(tmp / "c"), "--seeds", "--known", "corpus/regressions", "corpus/upstream",
+                          "--findings", str(tmp / "f")],
                          ROOT, seconds + 300)
         m = re.search(r"summary: (\d+) executions", out)
         lines = [ln for ln in out.splitlines() if " execs " in ln]

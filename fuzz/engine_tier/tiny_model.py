@@ -4,8 +4,9 @@ Why built and not shipped: a checkpoint is binary and megabytes; the project shi
 `fuzz/tiny_model/config.json`.  Why real random weights and not `load_format="dummy"`:
 dummy weights make a context-blind model (every output repeats one token), so a truncated
 mamba state could never change an output.  Weights drawn with a fixed seed and a wide
-`initializer_range` give greedy outputs that depend on early context, which is what lets
-a poisoned prefix-cache entry show up as a token divergence.
+`initializer_range`, plus a slow GDN decay (see A_RANGE), give greedy outputs that depend
+on early context through the recurrent state, which is what lets a poisoned prefix-cache
+entry show up as a token divergence (checked by `context_sensitivity`).
 
 The checkpoint lands in `$XDG_CACHE_HOME/mambafuzz/tiny-qwen3-next-<hash>` (default
 `~/.cache`); the hash covers the config, the seed and the library versions, so a change
@@ -25,7 +26,13 @@ from pathlib import Path
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "tiny_model" / "config.json"
 SEED = 1234
 INITIALIZER_RANGE = 0.2
-BUILD_VERSION = 1  # bump when the recipe below changes
+BUILD_VERSION = 2  # bump when the recipe below changes
+# GDN decay per token is exp(-exp(A_log) * softplus(a + dt_bias)).  The library's init draws
+# A in [0.01, 16] and dt_bias = 1, i.e. a state that forgets everything within a token or
+# two, which hides a wrong (truncated) mamba state from the outputs.  These give a memory
+# of hundreds of tokens, so a state restored from the wrong offset changes what follows.
+A_RANGE = (0.001, 0.01)
+DT_BIAS = -2.0
 
 
 def _versions() -> str:
@@ -80,4 +87,12 @@ def _build(out: Path) -> None:
     cfg = AutoConfig.for_model(model_type, **raw)
     torch.manual_seed(SEED)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            mixer = getattr(layer, "linear_attn", None)
+            if mixer is None:
+                continue
+            a = torch.empty(mixer.A_log.shape, dtype=torch.float32).uniform_(*A_RANGE)
+            mixer.A_log.copy_(a.log().to(mixer.A_log.dtype))
+            mixer.dt_bias.fill_(DT_BIAS)
     model.save_pretrained(str(out))
