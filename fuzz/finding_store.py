@@ -96,6 +96,8 @@ class FindingStore:
         name = slug(f"{self.split}-{signature}")
         if raw is not None:
             atomic_write(self.findings_dir / "raw" / f"{name}.{content_name(raw, '.bin')}", raw)
+        decoded = scenario.dumps()
+        atomic_write(self.findings_dir / "raw" / f"{name}.{content_name(decoded, '.decoded.json')}", decoded)
         hits = sum(self._fails_same(scenario, signature) for _ in range(self.repro_runs))
         rate = f"{hits}/{self.repro_runs}"
         flaky = hits < self.repro_runs
