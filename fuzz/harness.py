@@ -271,7 +271,8 @@ class _Runner:
         if not self.prefix_caching:
             return self._ideal_row(live, start, tokens, len(drafts), req)
         table = self.session.mamba_block_ids(rid)
-        row = self.model.run_row(rid, table, start, tokens, len(drafts))
+        spec_row = self.model.is_spec_row(self.spec, start, n, len(drafts), req.num_prompt_tokens)
+        row = self.model.run_row(rid, table, start, tokens, len(drafts), spec_row)
         first = live.first_chunk_pending
         live.first_chunk_pending = False
         rec.chunks.append(Chunk(rid, start, n, len(drafts), row.read_column, row.read_block, row.read_state,
@@ -284,7 +285,7 @@ class _Runner:
         elif not drafts:
             sampled = [row.outputs[-1]]
         else:
-            sampled = self._accept(row.outputs[base - 1 :], drafts)
+            sampled = self._accept(row.outputs[-len(drafts) - 1 :], drafts)
         if self.spec:
             for col, block, state, cause in self.model.postprocess_spec(rid, table, start, n, len(drafts),
                                                                        max(len(sampled), 1)):

@@ -102,8 +102,23 @@ class KernelModel:
         return table[column]
 
     # ---- one request's row --------------------------------------------------------
-    def run_row(self, rid: str, table: list[int], num_computed: int, tokens: list[int], num_drafts: int) -> RowResult:
-        """Run `tokens` (the last `num_drafts` of them speculative) from `num_computed`."""
+    @staticmethod
+    def is_spec_row(spec_engine: bool, num_computed: int, num_scheduled: int, num_drafts: int,
+                    num_prompt_tokens: int) -> bool:
+        """Which rows the recurrent backends run on the speculative path (gpu_model_runner.py,
+        `num_decode_draft_tokens`): a row of exactly drafts + 1 tokens, and, in a spec-decode
+        engine, also a one-token decode that got no drafts (`zero_draft_decode_mask`), which
+        then starts from the accepted-token offset like any speculative row."""
+        if not spec_engine:
+            return False
+        if num_drafts > 0:
+            return num_scheduled == num_drafts + 1
+        return num_scheduled == 1 and num_computed >= num_prompt_tokens
+
+    def run_row(self, rid: str, table: list[int], num_computed: int, tokens: list[int], num_drafts: int,
+                spec_row: bool = False) -> RowResult:
+        """Run `tokens` (the last `num_drafts` of them speculative) from `num_computed`;
+        `spec_row` selects the speculative kernel path (see `is_spec_row`)."""
         bs = self.g.block_size
         seq_len = num_computed + len(tokens)
         curr = cdiv(seq_len, bs) - 1
@@ -119,14 +134,18 @@ class KernelModel:
         self._prev_column[rid] = curr
         self._num_accepted[rid] = accepted
 
-        if num_drafts == 0:
+        if not spec_row:
             read_col = curr
             start = self.state_of(table[curr]) if num_computed > 0 else EMPTY
-            final = start.extend(tokens)
+            head = start.extend(tokens[: len(tokens) - num_drafts - 1])
+            outputs = []  # the sampler reads the last real position and every draft position
+            final = head
+            for tok in tokens[len(tokens) - num_drafts - 1 :]:
+                final = final.extend([tok])
+                outputs.append(next_token(final, self.g.vocab_size))
             if self._write(table[curr], final):
                 writes.append((curr, table[curr], final, "chunk-end"))
             self._maybe_checkpoint(table, num_computed, seq_len, start, tokens, writes)
-            outputs = [next_token(final, self.g.vocab_size)]
         else:
             read_col = curr + accepted - 1
             start = self.state_of(table[read_col]) if read_col < len(table) else UNSET

@@ -48,7 +48,7 @@ def test_spec_decode_writes_one_state_per_token_and_postcopy_moves_the_boundary(
     m._prev_column["r"] = 1
     # c = 7, token 7 (real) + two drafts; seq_len 10 so curr = 2: precopy slot 1 -> 2, then
     # the states after 8, 9, 10 tokens go to columns 2, 3, 4.
-    row = m.run_row("r", table, 7, TOKENS[7:10], 2)
+    row = m.run_row("r", table, 7, TOKENS[7:10], 2, spec_row=True)
     assert [(w[0], w[3]) for w in row.writes] == [(2, "precopy"), (2, "spec-token"), (3, "spec-token"),
                                                   (4, "spec-token")]
     assert row.read_state == TRUTH.at(7) and len(row.outputs) == 3
@@ -57,7 +57,7 @@ def test_spec_decode_writes_one_state_per_token_and_postcopy_moves_the_boundary(
     writes = m.postprocess_spec("r", table, 7, 3, 2, 2)
     assert writes == [(1, 32, TRUTH.at(8), "postcopy")]
     # The next step reads column curr + accepted - 1 after its own precopy.
-    row = m.run_row("r", table + [36], 9, TOKENS[9:12], 2)  # seq_len 12, curr 2 == prev: no copy
+    row = m.run_row("r", table + [36], 9, TOKENS[9:12], 2, spec_row=True)  # seq_len 12, curr 2 == prev: no copy
     assert row.read_column == 3 and row.read_state == TRUTH.at(9)
 
 
@@ -78,3 +78,18 @@ def test_checkpoint_rule_writes_the_aligned_position_one_column_back():
     # chunk 0..10: position = floor((10-1)/4)*4 = 8; column cdiv(10,4)-2 = 1
     row = m.run_row("r", table, 0, TOKENS[:10], 0)
     assert (1, 42, TRUTH.at(8), "checkpoint") in row.writes
+
+
+def test_a_zero_draft_decode_in_a_spec_engine_runs_on_the_speculative_path():
+    """gpu_model_runner.py `zero_draft_decode_mask`: a one-token decode with no drafts still
+    starts from the accepted-token offset (found by the long fuzz run on `fixed`)."""
+    assert KernelModel.is_spec_row(True, num_computed=4, num_scheduled=1, num_drafts=0, num_prompt_tokens=1)
+    assert not KernelModel.is_spec_row(False, 4, 1, 0, 1)
+    assert not KernelModel.is_spec_row(True, 0, 1, 0, 1)  # the prompt's own token
+    assert KernelModel.is_spec_row(True, 0, 2, 1, 1)  # a padded one-token prompt
+    m = model()
+    table = [51, 52, 53]
+    m.held[51], m.held[52] = TRUTH.at(3), TRUTH.at(4)
+    m._prev_column["r"], m._num_accepted["r"] = 0, 2  # last step accepted a draft: state@4 in column 1
+    row = m.run_row("r", table, 4, TOKENS[4:5], 0, spec_row=True)
+    assert row.read_column == 1 and row.read_state == TRUTH.at(4)

@@ -23,11 +23,13 @@ from typing import Any
 from fuzz.engine_tier import engines
 from fuzz.scenario import Scenario
 
-# Cached and uncached runs cut prefills differently, so bf16 sums differ a little.
-LOGPROB_TOL = float(os.environ.get("MAMBAFUZZ_LOGPROB_TOL", "0.1"))
-# A flipped greedy token is only a divergence when it is no near-tie: both runs' top-2
-# logprobs at that position are further apart than this.
-TIE_TOL = float(os.environ.get("MAMBAFUZZ_TIE_TOL", "0.05"))
+# Cached and uncached runs cut prefills differently and the model computes in bf16, so the
+# same position's logprob moves by up to ~0.2 (bf16 logits move in steps of 1/16 near the
+# values seen); measured on the tiny model: 0.09 for a 3-chunk vs a 2-chunk prefill.
+LOGPROB_TOL = float(os.environ.get("MAMBAFUZZ_LOGPROB_TOL", "0.25"))
+# A flipped greedy token is a near-tie, not a divergence, when each run's token is the
+# other's runner-up within this margin; the continuations then differ legitimately.
+TIE_TOL = float(os.environ.get("MAMBAFUZZ_TIE_TOL", "0.25"))
 SCENARIO_TIMEOUT = float(os.environ.get("MAMBAFUZZ_ENGINE_TIMEOUT", "300"))
 
 
@@ -129,18 +131,20 @@ def _external(internal_id: str) -> str:
 
 # ---- comparison -----------------------------------------------------------------------
 
-def compare(cached: Replay, uncached: Replay) -> str | None:
-    """The first way `cached` generated differently from `uncached`, or None.
+def compare(cached: Replay, uncached: Replay) -> tuple[str | None, list[str]]:
+    """(the first way `cached` generated differently from `uncached` or None, near-ties seen).
 
-    Aborted requests are compared over the tokens both runs produced (greedy: a prefix)."""
+    Aborted requests are compared over the tokens both runs produced (greedy: a prefix).
+    After a near-tie flip a request's continuations legitimately differ: its comparison stops."""
+    ties: list[str] = []
     for rid in cached.tokens:
-        diff = _compare_request(cached, uncached, rid)
+        diff = _compare_request(cached, uncached, rid, ties)
         if diff is not None:
-            return diff
-    return None
+            return diff, ties
+    return None, ties
 
 
-def _compare_request(cached: Replay, uncached: Replay, rid: str) -> str | None:
+def _compare_request(cached: Replay, uncached: Replay, rid: str, ties: list[str]) -> str | None:
     toks, other = cached.tokens[rid], uncached.tokens.get(rid, [])
     partial = rid in cached.aborted or rid in uncached.aborted
     n = min(len(toks), len(other)) if partial else max(len(toks), len(other))
@@ -149,7 +153,8 @@ def _compare_request(cached: Replay, uncached: Replay, rid: str) -> str | None:
         b = other[i] if i < len(other) else None
         if a != b:
             if a is not None and b is not None and _near_tie(cached, uncached, rid, i):
-                return None  # a bf16 near-tie flipped: the continuations legitimately differ
+                ties.append(f"{rid}: token {i} is a near-tie ({a} on, {b} off); later tokens not compared")
+                return None
             return (f"{rid}: token {i} is {a} with prefix caching on and {b} with it off "
                     f"(on: {toks[i:i + 4]}..., off: {other[i:i + 4]}...)")
         la, lb = cached.logprobs[rid][i], uncached.logprobs[rid][i]
@@ -159,9 +164,11 @@ def _compare_request(cached: Replay, uncached: Replay, rid: str) -> str | None:
 
 
 def _near_tie(cached: Replay, uncached: Replay, rid: str, i: int) -> bool:
-    for r in (cached, uncached):
-        top = r.top2[rid][i] if i < len(r.top2[rid]) else []
-        if len(top) < 2 or top[0][1] - top[1][1] > TIE_TOL:
+    """Each run's pick is the other run's runner-up, within TIE_TOL of its top token."""
+    a, b = cached.tokens[rid][i], uncached.tokens[rid][i]
+    for run, other_pick in ((cached, b), (uncached, a)):
+        top = dict(run.top2[rid][i]) if i < len(run.top2[rid]) else {}
+        if other_pick not in top or max(top.values()) - top[other_pick] > TIE_TOL:
             return False
     return True
 
@@ -237,7 +244,8 @@ def confirm(scenario: Scenario, split: str | Callable[..., int] = "fixed") -> di
                           reason=f"{label}: stall: {', '.join(r.unfinished)} unfinished after {r.steps} steps")
             break
     else:
-        diff = compare(cached, uncached)
+        diff, ties = compare(cached, uncached)
+        result["near_ties"] = ties
         if diff is None:
             result.update(status="agreed", reason="cached and uncached outputs agree")
         else:

@@ -1,0 +1,347 @@
+"""A runtime audit of a live vLLM engine's mamba prefix cache, as an opt-in general plugin.
+
+Why: the harness proves poisoning under a simulated runner; a production engine cannot be
+diffed against an uncached twin.  But the scheduler alone knows everything needed to tell
+what each mamba block holds: which chunk ran (SchedulerOutput), into which block-table
+column the kernel writes its end state, which copies the worker applies, and which hash
+each newly cached block is published under.  This plugin replays those facts through the
+project's kernel model (`fuzz.kernel_model`, the same rules the harness uses: chunk-end
+writes, pre-copies, spec-token writes, post-copies, CoW copies, zeroing, internal
+checkpoints) and checks every newly hashed mamba block against the state its hash claims:
+the state after exactly `block_hash_num_tokens` tokens of the request that defined it.
+
+Enable: `MAMBAFUZZ_AUDIT=1` (the entry point `vllm.general_plugins: mambafuzz_audit` calls
+`register()` in every vLLM process; without the variable it does nothing).  Each poisoned
+entry is logged once (request, slot, block, claimed and held offsets); the running count is
+logged every `MAMBAFUZZ_AUDIT_EVERY` steps (default 100) and exported as the Prometheus
+counter `mambafuzz_poisoned_mamba_blocks_total` when prometheus_client is importable and the
+scheduler logs stats.  Limits: a KV connector is trusted to load the true state of the
+tokens it claims (its load is modelled as that write), and spec decode assumes synchronous
+scheduling.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("mambafuzz.audit")
+ENV_ENABLE = "MAMBAFUZZ_AUDIT"
+ENV_EVERY = "MAMBAFUZZ_AUDIT_EVERY"
+COUNTER_NAME = "mambafuzz_poisoned_mamba_blocks_total"
+_ATTR = "_mambafuzz_audit"
+BOOK_LIMIT = 1 << 21
+_PATCHED = False
+_COUNTER: Any = None
+# The audits of the latest schedulers of this process (tests and in-process tools read them).
+RECENT: collections.deque[SchedulerAudit] = collections.deque(maxlen=16)
+
+
+@dataclass(frozen=True)
+class Poisoned:
+    """One prefix-cache entry whose block does not hold the state its hash claims."""
+
+    step: int
+    request_id: str  # the request whose tokens define the hash
+    group: int
+    column: int  # block-table slot the claim corresponds to
+    block_id: int
+    claimed_tokens: int
+    held_tokens: int  # -1: zeroed, -2: never written
+    held_matches_count: bool  # right offset, wrong tokens (another prefix's state)
+
+    def describe(self) -> str:
+        what = "the right offset but another prefix's state" if self.held_matches_count else (
+            f"state@{self.held_tokens}" if self.held_tokens >= 0 else
+            ("a zeroed block" if self.held_tokens == -1 else "a block never written"))
+        return (f"mamba prefix-cache entry poisoned: request {self.request_id} group {self.group} slot {self.column} "
+                f"(block {self.block_id}) claims state@{self.claimed_tokens}, holds {what} (step {self.step})")
+
+
+@dataclass
+class _Pending:
+    key: Any  # BlockHashWithGroupId
+    block_id: int
+    num_tokens: int | None
+
+
+@dataclass
+class SchedulerAudit:
+    """The audit state of one Scheduler instance."""
+
+    block_size: dict[int, int]  # mamba group id -> its block size
+    models: dict[int, Any]  # mamba group id -> KernelModel
+    hash_block_size: int
+    every: int
+    spec_engine: bool  # the worker post-processes every row after a spec-decode forward
+    truths: dict[str, Any] = field(default_factory=dict)  # live request id -> PrefixStates
+    book: dict[bytes, tuple[str, Any]] = field(default_factory=dict)  # hash -> (request, claimed State)
+    learned: dict[str, int] = field(default_factory=dict)
+    pending: list[_Pending] = field(default_factory=list)
+    judged: set[tuple[Any, int]] = field(default_factory=set)
+    poisoned: list[Poisoned] = field(default_factory=list)
+    checked: int = 0
+    steps: int = 0
+    # spec-decode rows of the step: rid -> (start, n, drafts, {group: block table at schedule time})
+    spec_rows: dict[str, tuple[int, int, int, dict[int, list[int]]]] = field(default_factory=dict)
+    external_loads: set[str] = field(default_factory=set)  # admitted with connector tokens, not yet run
+
+    @property
+    def count(self) -> int:
+        return len(self.poisoned)
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_ENABLE, "") == "1"
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point: patch the scheduler when MAMBAFUZZ_AUDIT=1."""
+    if enabled():
+        install()
+
+
+def install() -> None:
+    """Wrap Scheduler.schedule / update_from_output and BlockPool._insert_block_hash (once)."""
+    global _PATCHED
+    if _PATCHED:
+        return
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    orig_schedule = Scheduler.schedule
+    orig_update = Scheduler.update_from_output
+    orig_insert = BlockPool._insert_block_hash
+    orig_allocate = KVCacheManager.allocate_slots
+
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        audit = _audit_for(self)
+        out = orig_schedule(self, *args, **kwargs)
+        if audit is not None:
+            _safely(_after_schedule, self, audit, out)
+        return out
+
+    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+        result = orig_update(self, scheduler_output, model_runner_output)
+        audit = getattr(self, _ATTR, None)
+        if audit is not None:
+            _safely(_after_update, self, audit, scheduler_output, model_runner_output)
+        return result
+
+    def insert_block_hash(self: Any, key: Any, block: Any, num_tokens: int | None) -> None:
+        orig_insert(self, key, block, num_tokens)
+        audit = getattr(self, _ATTR, None)
+        if audit is not None:
+            audit.pending.append(_Pending(key, block.block_id, num_tokens))
+
+    def allocate_slots(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        blocks = orig_allocate(self, request, *args, **kwargs)
+        audit = getattr(self.block_pool, _ATTR, None)
+        if audit is not None and blocks is not None and kwargs.get("num_external_computed_tokens", 0) > 0:
+            audit.external_loads.add(request.request_id)
+        return blocks
+
+    Scheduler.schedule = schedule
+    Scheduler.update_from_output = update_from_output
+    BlockPool._insert_block_hash = insert_block_hash
+    KVCacheManager.allocate_slots = allocate_slots
+    _PATCHED = True
+    _configure_logger()
+
+
+def audit_of(scheduler: Any) -> SchedulerAudit | None:
+    """The audit attached to a scheduler (None before its first step or when not auditing)."""
+    return getattr(scheduler, _ATTR, None)
+
+
+# ---- internals ------------------------------------------------------------------------
+
+def _configure_logger() -> None:
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s mambafuzz-audit: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def _safely(fn: Any, *args: Any) -> None:
+    """The audit must never take the engine down: a failure disables it for that scheduler."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001
+        logger.exception("audit failed; disabling it for this scheduler")
+        setattr(args[0], _ATTR, None)
+
+
+def _audit_for(sched: Any) -> SchedulerAudit | None:
+    if _ATTR in sched.__dict__:
+        return sched.__dict__[_ATTR]
+    audit = None
+    try:
+        audit = _new_audit(sched)
+    except Exception:  # noqa: BLE001
+        logger.exception("audit could not attach to this scheduler")
+    setattr(sched, _ATTR, audit)
+    if audit is not None:
+        sched.kv_cache_manager.block_pool.__dict__[_ATTR] = audit
+        RECENT.append(audit)
+    return audit
+
+
+def _new_audit(sched: Any) -> SchedulerAudit | None:
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from fuzz.kernel_model import KernelGeometry, KernelModel
+    from fuzz.scenario import VOCAB_SIZE
+
+    groups = {i: g.kv_cache_spec for i, g in enumerate(sched.kv_cache_config.kv_cache_groups)
+              if isinstance(g.kv_cache_spec, MambaSpec) and getattr(g.kv_cache_spec, "mamba_cache_mode", "") == "align"}
+    if not groups or not sched.cache_config.enable_prefix_caching:
+        return None
+    managers = sched.kv_cache_manager.coordinator.single_type_managers
+    null_id = sched.kv_cache_manager.block_pool.null_block.block_id
+    models = {}
+    for gid, spec in groups.items():
+        checkpoints = getattr(spec, "num_prefill_checkpoint_blocks", 0)
+        models[gid] = KernelModel(KernelGeometry(
+            block_size=spec.block_size, hash_block_size=sched.hash_block_size,
+            checkpoint_alignment=getattr(spec, "prefill_checkpoint_alignment", None) if checkpoints else None,
+            cache_hit_alignment_tokens=getattr(managers[gid], "cache_hit_alignment_tokens", spec.block_size),
+            drop_eagle_block=bool(getattr(sched, "use_eagle_block_drop", False)),
+            null_block_id=null_id, vocab_size=VOCAB_SIZE))
+    every = max(int(os.environ.get(ENV_EVERY, "100") or 100), 1)
+    _maybe_counter(sched)
+    return SchedulerAudit({g: s.block_size for g, s in groups.items()}, models, sched.hash_block_size, every,
+                          sched.vllm_config.speculative_config is not None)
+
+
+def _maybe_counter(sched: Any) -> None:
+    global _COUNTER
+    if _COUNTER is not None or not getattr(sched, "log_stats", False):
+        return
+    try:
+        from prometheus_client import REGISTRY, Counter
+    except ImportError:
+        return
+    try:
+        _COUNTER = Counter(COUNTER_NAME.removesuffix("_total"),
+                           "Mamba prefix-cache entries whose block does not hold the state their hash claims")
+    except ValueError:  # already registered in this process (e.g. a second engine)
+        _COUNTER = REGISTRY._names_to_collectors.get(COUNTER_NAME)
+
+
+def _block_ids(sched: Any, gid: int, rid: str) -> list[int]:
+    manager = sched.kv_cache_manager.coordinator.single_type_managers[gid]
+    return [b.block_id for b in manager.req_to_blocks.get(rid, ())]
+
+
+def _truth(audit: SchedulerAudit, req: Any) -> Any:
+    from fuzz.state import PrefixStates
+
+    truth = audit.truths.get(req.request_id)
+    if truth is None:
+        truth = audit.truths[req.request_id] = PrefixStates()
+    have = len(truth)
+    if req.num_tokens > have:
+        truth.append(list(req.all_token_ids[have:req.num_tokens]))
+    return truth
+
+
+def _learn(audit: SchedulerAudit, req: Any, truth: Any) -> None:
+    """Hash -> (request, true state of the tokens it covers), as the harness's _HashBook."""
+    hashes = req.block_hashes
+    start = audit.learned.get(req.request_id, 0)
+    unit = audit.hash_block_size
+    end = min(len(hashes), len(truth) // unit)
+    for i in range(start, end):
+        audit.book.setdefault(bytes(hashes[i]), (req.request_id, truth.at((i + 1) * unit)))
+    audit.learned[req.request_id] = max(start, end)
+    if len(audit.book) > BOOK_LIMIT:  # hashes are judged within a step of being learned
+        for key in list(audit.book)[: BOOK_LIMIT // 2]:
+            del audit.book[key]
+
+
+def _after_schedule(sched: Any, audit: SchedulerAudit, out: Any) -> None:
+    """Apply what the worker does with this SchedulerOutput, in the worker's order."""
+    dropped = set(out.finished_req_ids) | set(out.preempted_req_ids or ()) | set(
+        out.scheduled_cached_reqs.resumed_req_ids or ())
+    zero = list(out.new_block_ids_to_zero or ())
+    copies = [(c.src_block_id, c.dst_block_id) for c in (out.kv_cache_block_copies or ())]
+    spec = out.scheduled_spec_decode_tokens
+    for model in audit.models.values():
+        model.forget_requests(dropped)
+        model.zero_blocks(zero)
+        model.copy_blocks(copies)
+    audit.spec_rows.clear()
+    for rid, n in out.num_scheduled_tokens.items():
+        req = sched.requests.get(rid)
+        if req is None:
+            continue
+        drafts = list(spec.get(rid, ()))
+        start = req.num_computed_tokens - n  # schedule() already advanced it
+        truth = _truth(audit, req)
+        _learn(audit, req, truth)
+        tokens = truth.tokens[start:start + n - len(drafts)] + drafts
+        loaded = rid in audit.external_loads and start > 0
+        audit.external_loads.discard(rid)
+        tables = {gid: _block_ids(sched, gid, rid) for gid in audit.models}
+        for gid, model in audit.models.items():
+            if loaded:  # the connector put the state of the first `start` tokens in that column
+                model.load_external(tables[gid], start, truth.at(start))
+            model.run_row(rid, tables[gid], start, tokens, len(drafts))
+        if audit.spec_engine:  # post-processed after the forward, with these tables (a finished
+            audit.spec_rows[rid] = (start, n, len(drafts), tables)  # request's blocks are freed by then)
+    for rid in out.finished_req_ids:
+        audit.truths.pop(rid, None)
+        audit.learned.pop(rid, None)
+
+
+def _after_update(sched: Any, audit: SchedulerAudit, out: Any, model_output: Any) -> None:
+    audit.steps += 1
+    if audit.spec_rows:
+        index = model_output.req_id_to_index
+        for rid, (start, n, drafts, tables) in audit.spec_rows.items():
+            i = index.get(rid)
+            sampled = model_output.sampled_token_ids[i] if i is not None and model_output.sampled_token_ids else []
+            for gid, model in audit.models.items():
+                model.postprocess_spec(rid, tables[gid], start, n, drafts, max(len(sampled), 1))
+    for req in list(sched.requests.values()):  # tokens appended this step extend the truth
+        if req.request_id in audit.truths:
+            _learn(audit, req, _truth(audit, req))
+    _judge(sched, audit)
+    if audit.steps % audit.every == 0:
+        logger.info("step %d: %d mamba prefix-cache entries checked, %d poisoned", audit.steps, audit.checked,
+                    audit.count)
+
+
+def _judge(sched: Any, audit: SchedulerAudit) -> None:
+    from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
+
+    pending, audit.pending = audit.pending, []
+    cache = sched.kv_cache_manager.block_pool.cached_block_hash_to_block
+    for p in pending:
+        gid = get_group_id(p.key)
+        model = audit.models.get(gid)
+        if model is None or (p.key, p.block_id) in audit.judged or not cache.contain(p.key, p.block_id):
+            continue
+        audit.judged.add((p.key, p.block_id))
+        audit.checked += 1
+        owner, truth = audit.book.get(bytes(get_block_hash(p.key)), ("?", None))
+        claimed = truth.num_tokens if truth is not None else (p.num_tokens or 0)
+        held = model.state_of(p.block_id)
+        if held.num_tokens == claimed and (truth is None or held == truth):
+            continue
+        column = -(-claimed // audit.block_size[gid]) - 1
+        bad = Poisoned(audit.steps, owner, gid, column, p.block_id, claimed, held.num_tokens,
+                       held.num_tokens == claimed)
+        audit.poisoned.append(bad)
+        logger.warning(bad.describe())
+        if _COUNTER is not None:
+            _COUNTER.inc()
+    if len(audit.judged) > 1_000_000:  # keys of long-evicted blocks; forget the oldest half
+        audit.judged = set(list(audit.judged)[len(audit.judged) // 2:])
