@@ -1,5 +1,6 @@
 """Mutation score: plant each bug of fuzz/mutants.py into the installed vLLM (in the worker
-processes only), fuzz `--split fixed` from an empty corpus, and report which mutants the
+processes only), fuzz `--split fixed` from an empty corpus (known regression and upstream
+signatures do not count), and report which mutants the
 fuzzer kills, how fast, and with what signature.
 
     python bench/mutation_score.py [--engines random atheris] [--seeds 3] [--max-time 60] [--json OUT]
@@ -22,10 +23,11 @@ sys.path.insert(0, str(ROOT))
 
 def hunt(mutant: str, engine: str, seed: int, max_time: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, MAMBAFUZZ_MUTANT=mutant)
+        env = dict(os.environ, MAMBAFUZZ_MUTANT="" if mutant == "none" else mutant)
         proc = subprocess.run(
             [sys.executable, "-m", "fuzz.cli", "fuzz", "--split", "fixed", "--engine", engine, "--seed", str(seed),
-             "--max-time", str(max_time), "--stop-on-first", "--seeds", "--known", "--quiet",
+             "--max-time", str(max_time), "--stop-on-first", "--seeds", "--quiet",
+             "--known", "corpus/regressions", "corpus/upstream",
              "--corpus", f"{tmp}/corpus", "--findings", f"{tmp}/findings", "--minimize-budget", "10"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=max_time + 240)
         files = sorted(Path(tmp, "findings").glob("*.json"))
@@ -44,7 +46,8 @@ def main() -> int:
     p.add_argument("--engines", nargs="+", default=["random", "atheris"])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--max-time", type=float, default=60)
-    p.add_argument("--mutants", nargs="*", default=list(MUTANTS))
+    p.add_argument("--mutants", nargs="*", default=["none", *MUTANTS],
+                   help="'none' is the control: the unmodified vLLM must not be 'killed'")
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args()
     rows = []
@@ -65,10 +68,12 @@ def main() -> int:
             k = [r for r in rs if r["killed"]]
             med = f"{statistics.median(r['seconds'] for r in k):.1f}" if k else "-"
             cells.append(f"{len(k)}/{len(rs):<12} {med:>9}")
-        print(f"{name:32} " + " ".join(cells) + f"  {MUTANTS[name][0]}")
+        desc = "control: unmodified vLLM (a kill here is a false positive)" if name == "none" else MUTANTS[name][0]
+        print(f"{name:32} " + " ".join(cells) + f"  {desc}")
     for engine in args.engines:
-        killed = {r["mutant"] for r in rows if r["engine"] == engine and r["killed"]}
-        print(f"{engine}: {len(killed)}/{len(args.mutants)} mutants killed at least once")
+        killed = {r["mutant"] for r in rows if r["engine"] == engine and r["killed"] and r["mutant"] != "none"}
+        planted = [m for m in args.mutants if m != "none"]
+        print(f"{engine}: {len(killed)}/{len(planted)} planted mutants killed at least once")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
