@@ -50,9 +50,11 @@ def check_slot_hashes(trace: Trace) -> Finding | None:
             if e.held != e.claimed:
                 rel = _relation(e.held, e.claimed)
                 writer, cause = last_write(trace, e.block_id, rec.step)
-                # Did the publishing request's row also export an internal prefill checkpoint?
-                # That separates the checkpoint-exemption class from plain fragmented chunks.
-                if any(w.request_id == e.claimed_by and w.cause == "checkpoint" for w in rec.writes):
+                # Did a row that ran across the claimed boundary also export an internal prefill
+                # checkpoint? That separates the checkpoint-exemption class from plain
+                # fragmented chunks.
+                crossing = {c.request_id for c in rec.chunks if c.start < e.claimed.num_tokens < c.end}
+                if any(w.request_id in crossing and w.cause == "checkpoint" for w in rec.writes):
                     cause += "+ckpt"
                 return SlotHashMismatch(
                     f"step {rec.step}: mamba block {e.block_id} (slot {e.column} of {e.claimed_by}) is published "

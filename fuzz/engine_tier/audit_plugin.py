@@ -81,7 +81,6 @@ class SchedulerAudit:
     book: dict[bytes, tuple[str, Any]] = field(default_factory=dict)  # hash -> (request, claimed State)
     learned: dict[str, int] = field(default_factory=dict)
     pending: list[_Pending] = field(default_factory=list)
-    judged: set[tuple[Any, int]] = field(default_factory=set)
     poisoned: list[Poisoned] = field(default_factory=list)
     checked: int = 0
     steps: int = 0
@@ -126,16 +125,23 @@ def install() -> None:
         return out
 
     def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+        audit = getattr(self, _ATTR, None)
+        # read before vLLM consumes them: update_from_output may trim the sampled lists
+        accepted = _accepted_counts(audit, model_runner_output) if audit is not None else {}
+        if audit is not None:
+            _safely(_async_loads_done, self, audit, model_runner_output)
         result = orig_update(self, scheduler_output, model_runner_output)
         audit = getattr(self, _ATTR, None)
         if audit is not None:
-            _safely(_after_update, self, audit, scheduler_output, model_runner_output)
+            _safely(_after_update, self, audit, accepted)
         return result
 
     def insert_block_hash(self: Any, key: Any, block: Any, num_tokens: int | None) -> None:
-        orig_insert(self, key, block, num_tokens)
         audit = getattr(self, _ATTR, None)
-        if audit is not None:
+        fresh = audit is not None and not (
+            block.block_hash == key or self.cached_block_hash_to_block.contain(key, block.block_id))
+        orig_insert(self, key, block, num_tokens)
+        if fresh:  # a publication (again, after an eviction or a reset, is a new one)
             audit.pending.append(_Pending(key, block.block_id, num_tokens))
 
     def allocate_slots(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -268,6 +274,8 @@ def _learn(audit: SchedulerAudit, req: Any, truth: Any) -> None:
 
 def _after_schedule(sched: Any, audit: SchedulerAudit, out: Any) -> None:
     """Apply what the worker does with this SchedulerOutput, in the worker's order."""
+    from fuzz.kernel_model import KernelModel
+
     dropped = set(out.finished_req_ids) | set(out.preempted_req_ids or ()) | set(
         out.scheduled_cached_reqs.resumed_req_ids or ())
     zero = list(out.new_block_ids_to_zero or ())
@@ -290,10 +298,11 @@ def _after_schedule(sched: Any, audit: SchedulerAudit, out: Any) -> None:
         loaded = rid in audit.external_loads and start > 0
         audit.external_loads.discard(rid)
         tables = {gid: _block_ids(sched, gid, rid) for gid in audit.models}
+        spec_row = KernelModel.is_spec_row(audit.spec_engine, start, n, len(drafts), req.num_prompt_tokens)
         for gid, model in audit.models.items():
             if loaded:  # the connector put the state of the first `start` tokens in that column
                 model.load_external(tables[gid], start, truth.at(start))
-            model.run_row(rid, tables[gid], start, tokens, len(drafts))
+            model.run_row(rid, tables[gid], start, tokens, len(drafts), spec_row)
         if audit.spec_engine:  # post-processed after the forward, with these tables (a finished
             audit.spec_rows[rid] = (start, n, len(drafts), tables)  # request's blocks are freed by then)
     for rid in out.finished_req_ids:
@@ -301,15 +310,36 @@ def _after_schedule(sched: Any, audit: SchedulerAudit, out: Any) -> None:
         audit.learned.pop(rid, None)
 
 
-def _after_update(sched: Any, audit: SchedulerAudit, out: Any, model_output: Any) -> None:
+def _accepted_counts(audit: SchedulerAudit, model_output: Any) -> dict[str, int]:
+    """Tokens each spec-decode row kept this step (at least 1, as the worker counts them)."""
+    if not audit.spec_rows:
+        return {}
+    index, sampled = model_output.req_id_to_index, model_output.sampled_token_ids or []
+    counts = {}
+    for rid in audit.spec_rows:
+        i = index.get(rid)
+        counts[rid] = max(len(sampled[i]) if i is not None and i < len(sampled) else 0, 1)
+    return counts
+
+
+def _async_loads_done(sched: Any, audit: SchedulerAudit, model_output: Any) -> None:
+    """An async connector load finished: its state lands before vLLM caches the blocks."""
+    done = getattr(getattr(model_output, "kv_connector_output", None), "finished_recving", None) or ()
+    for rid in done:
+        req = sched.requests.get(rid)
+        if rid not in audit.external_loads or req is None or req.num_computed_tokens <= 0:
+            continue
+        audit.external_loads.discard(rid)
+        truth = _truth(audit, req)
+        for gid, model in audit.models.items():
+            model.load_external(_block_ids(sched, gid, rid), req.num_computed_tokens, truth.at(req.num_computed_tokens))
+
+
+def _after_update(sched: Any, audit: SchedulerAudit, accepted: dict[str, int]) -> None:
     audit.steps += 1
-    if audit.spec_rows:
-        index = model_output.req_id_to_index
-        for rid, (start, n, drafts, tables) in audit.spec_rows.items():
-            i = index.get(rid)
-            sampled = model_output.sampled_token_ids[i] if i is not None and model_output.sampled_token_ids else []
-            for gid, model in audit.models.items():
-                model.postprocess_spec(rid, tables[gid], start, n, drafts, max(len(sampled), 1))
+    for rid, (start, n, drafts, tables) in audit.spec_rows.items():
+        for gid, model in audit.models.items():
+            model.postprocess_spec(rid, tables[gid], start, n, drafts, accepted.get(rid, 1))
     for req in list(sched.requests.values()):  # tokens appended this step extend the truth
         if req.request_id in audit.truths:
             _learn(audit, req, _truth(audit, req))
@@ -324,12 +354,13 @@ def _judge(sched: Any, audit: SchedulerAudit) -> None:
 
     pending, audit.pending = audit.pending, []
     cache = sched.kv_cache_manager.block_pool.cached_block_hash_to_block
+    seen: set[tuple[Any, int]] = set()
     for p in pending:
         gid = get_group_id(p.key)
         model = audit.models.get(gid)
-        if model is None or (p.key, p.block_id) in audit.judged or not cache.contain(p.key, p.block_id):
-            continue
-        audit.judged.add((p.key, p.block_id))
+        if model is None or (p.key, p.block_id) in seen or not cache.contain(p.key, p.block_id):
+            continue  # not a mamba group, or published and dropped again within the step
+        seen.add((p.key, p.block_id))
         audit.checked += 1
         owner, truth = audit.book.get(bytes(get_block_hash(p.key)), ("?", None))
         claimed = truth.num_tokens if truth is not None else (p.num_tokens or 0)
@@ -343,5 +374,3 @@ def _judge(sched: Any, audit: SchedulerAudit) -> None:
         logger.warning(bad.describe())
         if _COUNTER is not None:
             _COUNTER.inc()
-    if len(audit.judged) > 1_000_000:  # keys of long-evicted blocks; forget the oldest half
-        audit.judged = set(list(audit.judged)[len(audit.judged) // 2:])
