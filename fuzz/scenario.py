@@ -141,7 +141,7 @@ class Scenario:
         return json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=128)  # bounded: a long fuzz run sees endless distinct segments
 def _segment_tokens_cached(seed: int, key: tuple[str, int], length: int) -> tuple[int, ...]:
     rng = random.Random(f"{seed}/{key[0]}/{key[1]}")
     # Same values as rng.randrange(1, VOCAB_SIZE) (rejection sampling on 10 bits), inlined.

@@ -53,7 +53,7 @@ class PrefixStates:
         chain = _PROMPT_CHAINS.get(key)
         if chain is None:
             chain = cls(prompt)._fps
-            if len(_PROMPT_CHAINS) >= 256:
+            if len(_PROMPT_CHAINS) >= 32:  # bounded: only the cached/uncached pair needs it
                 _PROMPT_CHAINS.pop(next(iter(_PROMPT_CHAINS)))
             _PROMPT_CHAINS[key] = chain
         states = cls()

@@ -86,6 +86,7 @@ def _engine_key(e: EngineConfig, max_model_len: int) -> tuple:
 
 
 _VLLM_CONFIGS: dict[tuple, VllmConfig] = {}
+MAX_CACHED_CONFIGS = 32
 
 
 class ConfigRejected(ValueError):
@@ -96,6 +97,7 @@ def vllm_config_for(e: EngineConfig, max_model_len: int) -> VllmConfig:
     """Build (once per distinct config in this process) the VllmConfig vLLM would use."""
     key = _engine_key(e, max_model_len)
     if key in _VLLM_CONFIGS:
+        _VLLM_CONFIGS[key] = _VLLM_CONFIGS.pop(key)  # most recently used last
         return _VLLM_CONFIGS[key]
     model_config = _model_config()
     cache_config = CacheConfig(
@@ -133,6 +135,8 @@ def vllm_config_for(e: EngineConfig, max_model_len: int) -> VllmConfig:
         kv_transfer_config=kv_transfer_config,
     )
     _VLLM_CONFIGS[key] = vc
+    while len(_VLLM_CONFIGS) > MAX_CACHED_CONFIGS:  # a long run draws endless distinct configs
+        _VLLM_CONFIGS.pop(next(iter(_VLLM_CONFIGS)))
     return vc
 
 
