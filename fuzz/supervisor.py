@@ -96,6 +96,7 @@ def _commands(cfg: CampaignConfig) -> list[list[str]]:
         return cmds
     cmd = [str(TARGET), str(cfg.corpus), *[str(d) for d in cfg.seed_dirs if d.exists()],
            f"-seed={cfg.seed}", "-max_len=4096", f"-rss_limit_mb={cfg.rss_limit_mb or 4096}",
+           f"-artifact_prefix={cfg.findings}/libfuzzer-",  # slow/oom/crash units stay out of the CWD
            "-print_final_stats=1"]
     if cfg.max_time:
         cmd.append(f"-max_total_time={int(max(1, cfg.max_time))}")
