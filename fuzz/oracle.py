@@ -87,7 +87,8 @@ def check_reads(trace: Trace) -> Finding | None:
             return StaleStateRead(
                 f"step {rec.step}: {c.request_id} ran tokens {c.start}..{c.end} from block {c.read_block} "
                 f"(column {c.read_column}) holding {c.read_state}, expected {c.true_state} ({rel})",
-                location=rel + ("/from-empty" if c.start == 0 else ""), step=rec.step, request_id=c.request_id,
+                # Nothing computed yet: whatever the block held is beside the point.
+                location="from-empty" if c.start == 0 else rel, step=rec.step, request_id=c.request_id,
             )
     return None
 
@@ -168,7 +169,11 @@ class Verdict:
 def judge(cached: Trace, uncached: Trace | None = None, reference: Trace | None = None,
           strict_efficiency: bool = False) -> Verdict:
     verdict = Verdict()
-    checks = [check_crash(cached), check_slot_hashes(cached), check_reads(cached)]
+    # The state checks are ordered by step: the earliest wrong state is the root cause, and
+    # its signature is the one a finding is filed and deduplicated under.
+    state_checks = [f for f in (check_slot_hashes(cached), check_reads(cached)) if f is not None]
+    state_checks.sort(key=lambda f: f.step if f.step is not None else 1 << 30)
+    checks = [check_crash(cached), *state_checks]
     if uncached is not None and cached.crash is None and uncached.crash is None and not uncached.unfinished:
         checks.append(check_outputs(cached, uncached))
     checks.append(check_liveness(cached) if cached.crash is None else None)

@@ -35,6 +35,8 @@ COUNTER_NAME = "mambafuzz_poisoned_mamba_blocks_total"
 _ATTR = "_mambafuzz_audit"
 BOOK_LIMIT = 1 << 21
 _PATCHED = False
+_GENERATION = 0
+_ORIGINALS: dict[tuple[type, str], Any] = {}
 _COUNTER: Any = None
 # The audits of the latest schedulers of this process (tests and in-process tools read them).
 RECENT: collections.deque[SchedulerAudit] = collections.deque(maxlen=16)
@@ -77,6 +79,7 @@ class SchedulerAudit:
     hash_block_size: int
     every: int
     spec_engine: bool  # the worker post-processes every row after a spec-decode forward
+    generation: int  # the install() it belongs to: a re-install starts every scheduler afresh
     truths: dict[str, Any] = field(default_factory=dict)  # live request id -> PrefixStates
     book: dict[bytes, tuple[str, Any]] = field(default_factory=dict)  # hash -> (request, claimed State)
     learned: dict[str, int] = field(default_factory=dict)
@@ -105,9 +108,10 @@ def register() -> None:
 
 def install() -> None:
     """Wrap Scheduler.schedule / update_from_output and BlockPool._insert_block_hash (once)."""
-    global _PATCHED
+    global _PATCHED, _GENERATION
     if _PATCHED:
         return
+    _GENERATION += 1
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -151,12 +155,23 @@ def install() -> None:
             audit.external_loads.add(request.request_id)
         return blocks
 
+    _ORIGINALS.update({(Scheduler, "schedule"): orig_schedule, (Scheduler, "update_from_output"): orig_update,
+                       (BlockPool, "_insert_block_hash"): orig_insert, (KVCacheManager, "allocate_slots"): orig_allocate})
     Scheduler.schedule = schedule
     Scheduler.update_from_output = update_from_output
     BlockPool._insert_block_hash = insert_block_hash
     KVCacheManager.allocate_slots = allocate_slots
     _PATCHED = True
     _configure_logger()
+
+
+def uninstall() -> None:
+    """Restore the unpatched vLLM methods (tests; a live engine keeps no audit after this)."""
+    global _PATCHED
+    for (cls, name), fn in _ORIGINALS.items():
+        setattr(cls, name, fn)
+    _ORIGINALS.clear()
+    _PATCHED = False
 
 
 def audit_of(scheduler: Any) -> SchedulerAudit | None:
@@ -186,7 +201,9 @@ def _safely(fn: Any, *args: Any) -> None:
 
 def _audit_for(sched: Any) -> SchedulerAudit | None:
     if _ATTR in sched.__dict__:
-        return sched.__dict__[_ATTR]
+        known = sched.__dict__[_ATTR]
+        if known is None or known.generation == _GENERATION:
+            return known
     audit = None
     try:
         audit = _new_audit(sched)
@@ -223,7 +240,7 @@ def _new_audit(sched: Any) -> SchedulerAudit | None:
     every = max(int(os.environ.get(ENV_EVERY, "100") or 100), 1)
     _maybe_counter(sched)
     return SchedulerAudit({g: s.block_size for g, s in groups.items()}, models, sched.hash_block_size, every,
-                          sched.vllm_config.speculative_config is not None)
+                          sched.vllm_config.speculative_config is not None, _GENERATION)
 
 
 def _maybe_counter(sched: Any) -> None:

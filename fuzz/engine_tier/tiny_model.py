@@ -6,7 +6,7 @@ dummy weights make a context-blind model (every output repeats one token), so a 
 mamba state could never change an output.  Weights drawn with a fixed seed and a wide
 `initializer_range`, plus a slow GDN decay (see A_RANGE), give greedy outputs that depend
 on early context through the recurrent state, which is what lets a poisoned prefix-cache
-entry show up as a token divergence (checked by `context_sensitivity`).
+entry show up as a token divergence (tests/test_engine_tier.py checks both).
 
 The checkpoint lands in `$XDG_CACHE_HOME/mambafuzz/tiny-qwen3-next-<hash>` (default
 `~/.cache`); the hash covers the config, the seed and the library versions, so a change
