@@ -34,9 +34,9 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (  # noqa: E402
     get_block_hash,
-    get_group_id,
     get_request_block_hasher,
     init_none_hash,
+    make_block_hash_with_group_id,
     resolve_kv_cache_block_sizes,
 )
 from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
@@ -208,6 +208,7 @@ class SchedulerSession:
         self.mamba_group = next(i for i, m in enumerate(managers) if isinstance(m, MambaManager))
         self.block_pool = self.scheduler.kv_cache_manager.block_pool
         self.null_block_id = self.block_pool.null_block.block_id
+        self._mamba_key_suffix = bytes(make_block_hash_with_group_id(b"", self.mamba_group))
         self.connector = self.scheduler.connector
         self._block_hasher = get_request_block_hasher(hash_block_size, sha256)
         # Our own references: vLLM drops finished requests from `scheduler.requests` inside
@@ -266,8 +267,9 @@ class SchedulerSession:
 
     def cached_mamba_entries(self) -> Iterator[CachedMambaEntry]:
         """Every live prefix-cache key of the mamba group, with the block it points at."""
+        suffix = self._mamba_key_suffix
         for key, value in self.block_pool.cached_block_hash_to_block._cache.items():
-            if get_group_id(key) != self.mamba_group:
+            if key[-4:] != suffix:  # the group id is the key's last 4 bytes (make_block_hash_with_group_id)
                 continue
             blocks = value.values() if isinstance(value, dict) else (value,)
             for block in blocks:
