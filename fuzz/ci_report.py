@@ -65,9 +65,9 @@ def plot(stats_files: list[Path], out: Path) -> None:
         xs = [float(r["seconds"]) / 60 for r in rows if r["coverage"]]
         cov = [int(r["coverage"]) for r in rows if r["coverage"]]
         if xs:
-            ax.plot(xs, cov, label=f"coverage ({f.stem})", linewidth=2)
+            ax.plot(xs, cov, label=f"coverage ({f.parent.name})", linewidth=2)
         xe = [float(r["seconds"]) / 60 for r in rows]
-        ax2.plot(xe, [int(r["execs"]) for r in rows], linestyle="--", alpha=0.5, label=f"executions ({f.stem})")
+        ax2.plot(xe, [int(r["execs"]) for r in rows], linestyle="--", alpha=0.5, label=f"executions ({f.parent.name})")
     ax.set_xlabel("fuzzing time (minutes)")
     ax.set_ylabel("libFuzzer coverage (edges)")
     ax2.set_ylabel("executions")
