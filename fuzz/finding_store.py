@@ -50,6 +50,24 @@ def known_signatures(dirs: list[Path], split: str) -> set[str]:
     return known
 
 
+STALE_TEMP_SECONDS = 300
+
+
+def sweep_stale_temporaries(directory: Path) -> int:
+    """Remove `.name.*.tmp` files a killed writer left behind.  Only old ones: a fresh one may
+    belong to another live process about to rename it into place."""
+    removed = 0
+    now = time.time()
+    for p in directory.rglob(".*.tmp"):
+        try:
+            if now - p.stat().st_mtime > STALE_TEMP_SECONDS:
+                p.unlink()
+                removed += 1
+        except OSError:
+            pass
+    return removed
+
+
 @dataclass
 class Filed:
     signature: str
@@ -74,6 +92,7 @@ class FindingStore:
     def __post_init__(self) -> None:
         self.findings_dir = Path(self.findings_dir)
         self.findings_dir.mkdir(parents=True, exist_ok=True)
+        sweep_stale_temporaries(self.findings_dir)
         for case in iter_cases([self.findings_dir], warn=lambda msg: None):
             meta = case.extra.get("finding")
             if isinstance(meta, dict) and meta.get("split") == self.split and meta.get("signature"):

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,9 +34,10 @@ def test_random_engine_finds_the_prefix_bug_from_an_empty_corpus_and_files_it_mi
 
 def test_atheris_engine_runs_and_grows_the_corpus_on_fixed(tmp_path):
     pytest.importorskip("atheris")
+    root = Path(__file__).resolve().parent.parent
     proc = mambafuzz("fuzz", "--split", "fixed", "--engine", "atheris", "--runs", "150", "--max-time", "120",
                      "--corpus", str(tmp_path / "corpus"), "--seeds", "--findings", str(tmp_path / "findings"),
-                     "--known", cwd=tmp_path)
+                     "--known", str(root / "corpus" / "regressions"), str(root / "corpus" / "upstream"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "summary: " in proc.stdout and "0 new finding(s)" in proc.stdout
     assert any((tmp_path / "corpus").iterdir())
@@ -77,8 +79,8 @@ def test_corpus_add_regression_and_stats(tmp_path, capsys):
     import random
     for i in range(3):
         (regs / f"r{i}.json").write_text(random_scenario(random.Random(i)).dumps())
-    (regs / "junk.json").write_text("{nope")
+    (regs / "link.json").symlink_to(regs / "fc.json")
     capsys.readouterr()
     assert main(["corpus", "stats", str(regs), "--no-coverage"]) == 0
     out = capsys.readouterr()
-    assert "skipped 1" in out.out and "mamba block" in out.out and "junk.json" in out.err
+    assert "skipped 1" in out.out and "mamba block" in out.out and "link.json" in out.err

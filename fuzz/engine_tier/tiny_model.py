@@ -26,13 +26,18 @@ from pathlib import Path
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "tiny_model" / "config.json"
 SEED = 1234
 INITIALIZER_RANGE = 0.2
-BUILD_VERSION = 2  # bump when the recipe below changes
+BUILD_VERSION = 3  # bump when the recipe below changes
 # GDN decay per token is exp(-exp(A_log) * softplus(a + dt_bias)).  The library's init draws
 # A in [0.01, 16] and dt_bias = 1, i.e. a state that forgets everything within a token or
 # two, which hides a wrong (truncated) mamba state from the outputs.  These give a memory
 # of hundreds of tokens, so a state restored from the wrong offset changes what follows.
 A_RANGE = (0.001, 0.01)
 DT_BIAS = -2.0
+# STABLE_ROUTING: the MoE router's top-2-of-4 choice is discontinuous, so a bf16 rounding
+# difference (a prefill cut at another offset) can flip an expert and change the output by
+# a whole nat; cached and uncached runs then disagree for no cache reason.  A zero router
+# weight makes every router logit equal, so the choice is fixed (experts 0 and 1) and the
+# model is a continuous function of its inputs.
 
 
 def _versions() -> str:
@@ -95,4 +100,8 @@ def _build(out: Path) -> None:
             a = torch.empty(mixer.A_log.shape, dtype=torch.float32).uniform_(*A_RANGE)
             mixer.A_log.copy_(a.log().to(mixer.A_log.dtype))
             mixer.dt_bias.fill_(DT_BIAS)
+        for layer in model.model.layers:
+            router = getattr(getattr(layer, "mlp", None), "gate", None)
+            if router is not None and hasattr(router, "weight"):
+                router.weight.zero_()  # see STABLE_ROUTING
     model.save_pretrained(str(out))
