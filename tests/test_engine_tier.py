@@ -136,7 +136,7 @@ def test_engine_view_ties_attention_block_to_mamba_block():
 def _replay(tokens, lps, tops, aborted=()):
     from fuzz.engine_tier.engine_repro import Replay
 
-    return Replay(tokens={"r0": tokens}, logprobs={"r0": lps}, top2={"r0": tops}, aborted=set(aborted))
+    return Replay(tokens={"r0": tokens}, logprobs={"r0": lps}, top={"r0": tops}, aborted=set(aborted))
 
 
 def test_compare_tells_near_ties_from_divergences():
@@ -151,7 +151,7 @@ def test_compare_tells_near_ties_from_divergences():
     far = _replay([1, 7], [-1.0, -0.2], [[(1, -1.0), (9, -3.0)], [(7, -0.2), (8, -3.0)]])
     diff, _ = compare(far, tie_b)
     assert diff is not None and "token 1" in diff
-    drift = _replay([1, 2], [-1.0, -1.5], [[(1, -1.0), (9, -3.0)], [(2, -1.5), (9, -3.0)]])
+    drift = _replay([1, 2], [-1.0, -1.2], [[(1, -1.0), (9, -3.0)], [(2, -1.2), (9, -3.0)]])
     assert "logprob" in compare(drift, same)[0]
     shorter = _replay([1], [-1.0], [[(1, -1.0), (9, -3.0)]], aborted=["r0"])
     assert compare(shorter, same)[0] is None  # aborted: compared over the tokens both produced

@@ -196,7 +196,9 @@ def _safely(fn: Any, *args: Any) -> None:
         fn(*args)
     except Exception:  # noqa: BLE001
         logger.exception("audit failed; disabling it for this scheduler")
-        setattr(args[0], _ATTR, None)
+        sched = args[0]
+        setattr(sched, _ATTR, None)
+        sched.kv_cache_manager.block_pool.__dict__[_ATTR] = None
 
 
 def _audit_for(sched: Any) -> SchedulerAudit | None:

@@ -23,13 +23,16 @@ from typing import Any
 from fuzz.engine_tier import engines
 from fuzz.scenario import Scenario
 
-# Cached and uncached runs cut prefills differently and the model computes in bf16, so the
-# same position's logprob moves by up to ~0.2 (bf16 logits move in steps of 1/16 near the
-# values seen); measured on the tiny model: 0.09 for a 3-chunk vs a 2-chunk prefill.
-LOGPROB_TOL = float(os.environ.get("MAMBAFUZZ_LOGPROB_TOL", "0.25"))
-# A flipped greedy token is a near-tie, not a divergence, when each run's token is the
-# other's runner-up within this margin; the continuations then differ legitimately.
-TIE_TOL = float(os.environ.get("MAMBAFUZZ_TIE_TOL", "0.25"))
+# Cached and uncached runs cut prefills at different offsets and batch differently, and the
+# model computes in bf16, so the same position's logprob moves between runs.  Measured with
+# the fixed split on 70 random CPU-runnable scenarios: up to 0.3 for one token, and greedy
+# flips between two tokens whose combined gap (on + off) was at most 0.37 (bf16 logits tie
+# exactly at times).  A poisoned state moved the restored request's logprobs by ~1-3.
+LOGPROB_TOL = float(os.environ.get("MAMBAFUZZ_LOGPROB_TOL", "0.5"))
+# A flipped greedy token (a on, b off) is a near-tie when lp_on(a) - lp_on(b) plus
+# lp_off(b) - lp_off(a) stays within TIE_TOL; the continuations then differ legitimately.
+TIE_TOL = float(os.environ.get("MAMBAFUZZ_TIE_TOL", "0.5"))
+TOP_K = 5  # logprobs requested per position: enough to place the other run's pick
 SCENARIO_TIMEOUT = float(os.environ.get("MAMBAFUZZ_ENGINE_TIMEOUT", "300"))
 
 
@@ -39,8 +42,8 @@ class Replay:
 
     tokens: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, list[float]] = field(default_factory=dict)
-    # per position: the top-2 (token, logprob) pairs, to tell a near-tie from a divergence
-    top2: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)
+    # per position: the TOP_K (token, logprob) pairs, best first, to tell a near-tie from a divergence
+    top: dict[str, list[list[tuple[int, float]]]] = field(default_factory=dict)
     schedule: list[dict[str, int]] = field(default_factory=list)  # per step: request -> tokens scheduled
     aborted: set[str] = field(default_factory=set)
     finished: set[str] = field(default_factory=set)
@@ -80,10 +83,10 @@ def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> R
                 break
             for i, (rid, r) in enumerate(zip(ids, s.requests)):
                 if r.arrival_step == step:
-                    params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True, logprobs=2)
+                    params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True, logprobs=TOP_K)
                     handle.engine.add_request(rid, {"prompt_token_ids": s.prompt_tokens(i)}, params)
                     added.append(rid)
-                    out.tokens[rid], out.logprobs[rid], out.top2[rid] = [], [], []
+                    out.tokens[rid], out.logprobs[rid], out.top[rid] = [], [], []
             aborts = [rid for rid, r in zip(ids, s.requests) if r.abort_step == step and rid in added
                       and not _finished(out, rid)]
             if aborts:
@@ -118,8 +121,8 @@ def _take(out: Replay, o: Any) -> None:
     lps, tops = [], []
     for tok, d in zip(c.token_ids, c.logprobs or []):
         lps.append(float(d[tok].logprob) if tok in d else math.nan)
-        tops.append(sorted(((int(t), float(lp.logprob)) for t, lp in d.items()), key=lambda x: -x[1])[:2])
-    out.logprobs[rid], out.top2[rid] = lps, tops
+        tops.append(sorted(((int(t), float(lp.logprob)) for t, lp in d.items()), key=lambda x: -x[1]))
+    out.logprobs[rid], out.top[rid] = lps, tops
     if o.finished:
         out.finished.add(rid)
 
@@ -164,13 +167,16 @@ def _compare_request(cached: Replay, uncached: Replay, rid: str, ties: list[str]
 
 
 def _near_tie(cached: Replay, uncached: Replay, rid: str, i: int) -> bool:
-    """Each run's pick is the other run's runner-up, within TIE_TOL of its top token."""
+    """Whether the flip at position i is within TIE_TOL (see there).  A pick missing from a
+    run's top list counts as the lowest logprob listed (a lower bound on the gap)."""
     a, b = cached.tokens[rid][i], uncached.tokens[rid][i]
-    for run, other_pick in ((cached, b), (uncached, a)):
-        top = dict(run.top2[rid][i]) if i < len(run.top2[rid]) else {}
-        if other_pick not in top or max(top.values()) - top[other_pick] > TIE_TOL:
+    total = 0.0
+    for run, pick, other in ((cached, a, b), (uncached, b, a)):
+        top = dict(run.top[rid][i]) if i < len(run.top[rid]) else {}
+        if pick not in top:
             return False
-    return True
+        total += top[pick] - top.get(other, min(top.values()))
+    return total <= TIE_TOL
 
 
 def harness_schedule(s: Scenario, split_fn: Any, split_name: str) -> tuple[list[dict[str, int]] | None, str | None]:
@@ -250,18 +256,17 @@ def confirm(scenario: Scenario, split: str | Callable[..., int] = "fixed") -> di
             result.update(status="agreed", reason="cached and uncached outputs agree")
         else:
             result.update(status="diverged", kind="engine_divergence", reason=diff)
-    _schedule_check(result, scenario, view, cached, split_fn, split)
+    _schedule_check(result, scenario, view, cached, split_fn, split, _mamba_groups(cached_engine))
     return result
 
 
 def _schedule_check(result: dict[str, Any], scenario: Scenario, view: Scenario, cached: Replay,
-                    split_fn: Any, split: str) -> None:
+                    split_fn: Any, split: str, engine_groups: int) -> None:
+    """Compare the engine's per-step schedule with the harness's trace of the same scenario
+    (`view`: as the engine ran it); explain a mismatch by the known harness gaps."""
     if cached.crash is not None:
         result["schedule_note"] = "engine crashed: schedules not compared"
         return
-    if scenario.engine.num_gpu_blocks is not None:
-        result["schedule_note"] = ("explicit pool: the engine splits it over 4 KV-cache groups (3 mamba + 1 "
-                                   "attention), the harness over 2, so preemption points differ by design")
     sched, why = harness_schedule(view, split_fn, split)
     if sched is None:
         result["schedule_note"] = why
@@ -269,9 +274,41 @@ def _schedule_check(result: dict[str, Any], scenario: Scenario, view: Scenario, 
     diff = schedule_diff(cached.schedule, sched)
     result["schedule_match"] = diff is None
     result["schedule_diff"] = diff
+    if diff is not None:
+        gaps = known_harness_gaps(view, engine_groups)
+        result["schedule_note"] = "; ".join(gaps) if gaps else "UNEXPLAINED: no known harness gap applies"
     if result["adapted"]:
         original, _ = harness_schedule(scenario, split_fn, split)
         result["adaptation_changes_harness_schedule"] = original != sched
+
+
+def known_harness_gaps(s: Scenario, engine_mamba_groups: int) -> list[str]:
+    """The ways the harness builds its scheduler differently from the engine, for `s`
+    (see the engine tier report): each can change which prefix hits or admissions happen."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from fuzz import vllm_bridge
+
+    e = s.engine
+    config = vllm_bridge.kv_cache_config_for(e, 16)
+    gaps = []
+    if e.enable_prefix_caching and config.prefix_cache_retention_interval != e.prefix_cache_retention_interval:
+        gaps.append(f"harness gap: its KVCacheConfig carries prefix_cache_retention_interval="
+                    f"{config.prefix_cache_retention_interval!r}, not the scenario's "
+                    f"{e.prefix_cache_retention_interval!r} (the coordinator reads it from KVCacheConfig), so the "
+                    "harness retains mamba states the engine drops and finds prefix hits the engine does not")
+    harness_groups = sum(isinstance(g.kv_cache_spec, MambaSpec) for g in config.kv_cache_groups)
+    if e.num_gpu_blocks is not None and harness_groups != engine_mamba_groups:
+        gaps.append(f"harness gap: {harness_groups} mamba KV-cache group(s) where vLLM builds {engine_mamba_groups} "
+                    "for qwen3_next (one per linear-attention layer here; 3 of 12 layers for the real model), so "
+                    "a request holds fewer blocks and a small pool admits and preempts at other steps")
+    return gaps
+
+
+def _mamba_groups(handle: engines.EngineHandle) -> int:
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    return sum(isinstance(g.kv_cache_spec, MambaSpec) for g in handle.scheduler.kv_cache_config.kv_cache_groups)
 
 
 def _summary(r: Replay) -> dict[str, Any]:

@@ -129,9 +129,10 @@ def unsupported(s: Scenario) -> str | None:
         return ("num_prefill_checkpoint_blocks > 0: qwen3_next's GDN mixer declares no internal prefill "
                 "checkpoints (only Mamba2-style mixers do), so the engine cannot express it")
     if any(r.external_tokens for r in s.requests):
-        return ("KV-connector tokens: fuzz.connector.ScenarioConnector only plays the scheduler role; its "
-                "worker side loads nothing (no KV, no mamba state) and never reports async loads done, so "
-                "a real engine would compute from garbage or wait forever")
+        return ("KV-connector tokens: fuzz.connector.ScenarioConnector loads into the engine (kv_transfer_config "
+                "with kv_connector_module_path='fuzz.connector' starts and schedules sync hits), but its worker "
+                "side loads nothing (no KV, no mamba state) and never reports async loads done, so the engine "
+                "would compute from garbage or wait forever")
     floor = min_block_size()
     if e.mamba_block_size < floor:
         return (f"mamba_block_size {e.mamba_block_size} is below {floor}, the smallest block whose attention page "
@@ -270,11 +271,14 @@ def _start(spec: EngineSpec) -> EngineHandle:
 
 
 def _observe_schedule(handle: EngineHandle) -> None:
-    """Record `num_scheduled_tokens` of every schedule() while a replay has a log open."""
-    original = handle.scheduler.schedule
+    """Record `num_scheduled_tokens` of every schedule() while a replay has a log open.
+
+    The class method is looked up on every call, not captured, so a class-level patch made
+    later (the audit plugin) still runs under this instance-level wrapper."""
+    sched = handle.scheduler
 
     def schedule(*args: Any, **kwargs: Any) -> Any:
-        out = original(*args, **kwargs)
+        out = type(sched).schedule(sched, *args, **kwargs)
         if handle.schedule_log is not None:
             handle.schedule_log.append(dict(out.num_scheduled_tokens))
         for observer in handle.observers:
