@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fuzz import cli_fuzz  # the fuzzing commands live beside this file
 
     cli_fuzz.add_commands(sub)
+    from fuzz.engine_tier.cli import add_engine_commands
+
+    add_engine_commands(sub)
     return p
 
 
