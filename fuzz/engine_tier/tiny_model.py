@@ -6,10 +6,12 @@ dummy weights make a context-blind model (every output repeats one token), so a 
 mamba state could never change an output.  Weights drawn with a fixed seed and a wide
 `initializer_range`, plus a slow GDN decay (see A_RANGE), give greedy outputs that depend
 on early context through the recurrent state, which is what lets a poisoned prefix-cache
-entry show up as a token divergence (tests/test_engine_tier.py checks both).
+entry show up as a token divergence (tests/test_engine_tier.py checks both); a fixed MoE
+routing (see STABLE_ROUTING) keeps bf16 noise from doing the same.  Building takes a few
+seconds and writes about 7 MB.
 
 The checkpoint lands in `$XDG_CACHE_HOME/mambafuzz/tiny-qwen3-next-<hash>` (default
-`~/.cache`); the hash covers the config, the seed and the library versions, so a change
+`~/.cache`); the hash covers the config, the recipe, the seed and the library versions, so a change
 of any of them builds a fresh directory.  It is built in a temporary sibling and renamed
 into place, so a crash or a concurrent builder never leaves a half-written model behind.
 """
