@@ -170,9 +170,12 @@ def cmd_minimize(args: argparse.Namespace) -> int:
     return EXIT_FOUND
 
 
-def _load_inputs(dirs):
+def _load_inputs(dirs, must_exist: bool = True):
     from fuzz.inputs import decode_input, iter_input_files
 
+    missing = [d for d in dirs if must_exist and not Path(d).exists()]
+    if missing:
+        raise _usage(f"{missing[0]}: no such file or directory")
     stats: dict = {}
     items = []
     for path, data in iter_input_files([Path(d) for d in dirs], stats):
@@ -191,7 +194,7 @@ def cmd_corpus_merge(args: argparse.Namespace) -> int:
 
     tracer = FeatureTracer()
     have: set = set()
-    dest_items, _ = _load_inputs([args.dest])
+    dest_items, _ = _load_inputs([args.dest], must_exist=False)
     for _, _, s in dest_items:
         have |= tracer.features(s)
     src_items, stats = _load_inputs(args.sources)

@@ -44,6 +44,14 @@ def test_atheris_engine_runs_and_grows_the_corpus_on_fixed(tmp_path):
     assert any((tmp_path / "corpus").iterdir())
 
 
+def test_corpus_commands_reject_missing_directories(tmp_path, capsys):
+    for argv in (["corpus", "stats", str(tmp_path / "nope")], ["corpus", "prune", str(tmp_path / "nope")],
+                 ["corpus", "merge", str(tmp_path / "dest"), str(tmp_path / "nope")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "nope: no such file or directory" in err and len(err.splitlines()) == 1
+
+
 def test_fuzz_usage_errors(tmp_path, capsys):
     assert main(["fuzz", "--split", "nope", "--max-time", "1"]) == 2
     assert "unknown split" in capsys.readouterr().err
