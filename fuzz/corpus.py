@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fuzz.scenario import FORMAT_NAME, Scenario, ScenarioError, from_json
+from fuzz.scenario import Scenario, ScenarioError, from_json
 
 MAX_FILE_BYTES = 1 << 20
 KNOWN_KINDS = ("clean", "slot_hash", "resume_state", "stale_read", "output_divergence", "stall", "vllm_crash")
@@ -154,7 +154,3 @@ def iter_cases(paths: list[str | os.PathLike], stats: WalkStats | None = None, w
                 continue
             stats.loaded += 1
             yield case
-
-
-def is_scenario_text(text: str) -> bool:
-    return FORMAT_NAME in text[:200]

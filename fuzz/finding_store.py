@@ -7,9 +7,7 @@ they are all filed the same way.
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,16 +140,3 @@ class FindingStore:
             print(f"{tag} {signature} reproduced {rate} -> {path} (minimized to {small.size()[0]} requests, "
                   f"{small.size()[2]} tokens in {seconds:.1f}s)", flush=True)
         return filed
-
-
-def summary_lines(filed: list[Filed]) -> list[str]:
-    lines = []
-    for f in filed:
-        meta = json.loads(f.path.read_text()).get("finding", {}) if f.path.exists() else {}
-        lines.append(f"  {f.signature}  [{f.repro_rate}{' FLAKY' if f.flaky else ''}]  {f.path}")
-        lines.append(f"    repro: {meta.get('repro', f'mambafuzz repro {f.path}')}")
-    return lines
-
-
-def eprint(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)

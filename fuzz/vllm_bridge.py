@@ -304,11 +304,6 @@ class SchedulerSession:
         return set(out.preempted_req_ids or ())
 
 
-def installed_split() -> SplitFn:
-    """The installed vLLM's split, unbound: the `fixed` baseline."""
-    return getattr(Scheduler, SPLIT_METHOD)
-
-
 def is_waiting_for_remote_kv(req: Request) -> bool:
     return req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
 
