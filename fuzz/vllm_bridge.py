@@ -169,7 +169,10 @@ def kv_cache_config_for(e: EngineConfig, num_blocks: int) -> KVCacheConfig:
             num_speculative_blocks=e.num_speculative_tokens if e.uses_spec_decode else 0,
         )
     groups.append(KVCacheGroupSpec(MAMBA_LAYERS, mamba))
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    # vLLM's KV-cache utilities copy the retention interval from CacheConfig into KVCacheConfig, and the
+    # coordinator reads it only from there: without it every run would use dense retention.
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
+                         prefix_cache_retention_interval=e.prefix_cache_retention_interval)
 
 
 @dataclass(frozen=True)

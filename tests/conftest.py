@@ -16,10 +16,12 @@ ATTN_BLOCK_SIZE = 16
 
 def first_chunk_scenario() -> Scenario:
     """Prompt 2002 over a 1600-token mamba block, MTP, and a 1300-token neighbour that
-    eats the budget: the known-bad first-chunk fragmentation."""
+    eats the budget: the known-bad first-chunk fragmentation. Dense retention, so vLLM keeps
+    (and hashes) the 1600-token boundary the bug poisons."""
     return Scenario(
         engine=EngineConfig(mamba_block_size=MAMBA_BLOCK_SIZE, attn_block_size=ATTN_BLOCK_SIZE, prefix_match_unit=16,
-                            max_num_batched_tokens=2048, spec_method="mtp", num_speculative_tokens=1),
+                            max_num_batched_tokens=2048, spec_method="mtp", num_speculative_tokens=1,
+                            prefix_cache_retention_interval=None),
         requests=[RequestSpec(unique_len=1300, max_tokens=4), RequestSpec(unique_len=2002, max_tokens=4)],
     )
 
