@@ -19,6 +19,20 @@ MAX_FILE_BYTES = 1 << 20
 KNOWN_KINDS = ("clean", "slot_hash", "resume_state", "stale_read", "output_divergence", "stall", "vllm_crash")
 
 
+# Case-level fields that belong to the file, not to the scenario (fuzz.scenario.from_json does
+# not know them): the engine tier's verdicts per split for cases without a `finding` block
+# (see fuzz/engine_tier/confirmation.py).  Findings keep theirs inside `finding`.
+ENGINE_CONFIRMATION = "engine_confirmation"
+CASE_ONLY_FIELDS = (ENGINE_CONFIRMATION,)
+
+
+def scenario_fields(raw: Any) -> Any:
+    """`raw` (parsed case JSON) without the case-only fields, for fuzz.scenario.from_json."""
+    if isinstance(raw, dict) and any(k in raw for k in CASE_ONLY_FIELDS):
+        return {k: v for k, v in raw.items() if k not in CASE_ONLY_FIELDS}
+    return raw
+
+
 class CaseError(ValueError):
     """A case file that cannot be used; str() is one line naming the file and the problem."""
 
@@ -28,7 +42,7 @@ class Case:
     path: Path
     scenario: Scenario
     expected: dict[str, str] = field(default_factory=dict)  # split -> kind
-    extra: dict[str, Any] = field(default_factory=dict)  # note, origin, finding: kept verbatim
+    extra: dict[str, Any] = field(default_factory=dict)  # note, origin, finding, engine_confirmation: verbatim
 
 
 def parse_case(text: str, where: str) -> Case:
@@ -39,15 +53,19 @@ def parse_case(text: str, where: str) -> Case:
     except RecursionError:
         raise CaseError(f"{where}: not valid JSON (nested too deeply)") from None
     try:
-        scenario = from_json(raw)
+        scenario = from_json(scenario_fields(raw))
     except ScenarioError as exc:
         raise CaseError(f"{where}: {'; '.join(exc.problems)}") from None
+    confirmation = raw.get(ENGINE_CONFIRMATION)
+    if confirmation is not None and not (isinstance(confirmation, dict) and all(
+            isinstance(k, str) and isinstance(v, dict) for k, v in confirmation.items())):
+        raise CaseError(f"{where}: {ENGINE_CONFIRMATION} must map split names to confirmation objects")
     expected = raw.get("expected", {})
     if not isinstance(expected, dict) or any(
         not isinstance(k, str) or v not in KNOWN_KINDS for k, v in expected.items()
     ):
         raise CaseError(f"{where}: expected must map split names to one of {', '.join(KNOWN_KINDS)}")
-    extra = {k: raw[k] for k in ("note", "origin", "finding") if k in raw}
+    extra = {k: raw[k] for k in ("note", "origin", "finding", ENGINE_CONFIRMATION) if k in raw}
     return Case(Path(where), scenario, dict(expected), extra)
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 
 from fuzz import generate
+from fuzz.corpus import scenario_fields
 from fuzz.finding_store import FindingStore, known_signatures
 from fuzz.pipeline import evaluate
 from fuzz.scenario import Scenario, ScenarioError, from_json, validate
@@ -29,7 +30,7 @@ def decode_json_case(data: bytes) -> Scenario | None:
         return None
     try:
         raw = json.loads(data)
-        return from_json(raw)
+        return from_json(scenario_fields(raw))
     except (ValueError, RecursionError, ScenarioError, TypeError, AttributeError):
         return None
 
