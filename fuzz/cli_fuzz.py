@@ -1,4 +1,5 @@
-"""The fuzzing subcommands of `mambafuzz`: fuzz, minimize, corpus {merge,prune,stats,add-regression}."""
+"""The fuzzing subcommands of `mambafuzz`: fuzz, minimize,
+corpus {merge,prune,stats,add-regression,confirm-engine}."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 ENGINES = ("atheris", "hypothesis", "random")
 DEFAULT_KNOWN = ["corpus/regressions", "corpus/upstream"]
+CONFIRM_HELP = ("Re-run the minimized finding on a real vLLM engine (CPU backend, `mambafuzz engine-repro`) and "
+                "record diverged/agreed/crashed/skipped (with the reason) as finding.engine_confirmation.")
 
 
 def add_commands(sub) -> None:
@@ -43,6 +46,8 @@ def add_commands(sub) -> None:
     f.add_argument("--quiet", action="store_true", help="no periodic status lines")
     f.add_argument("--stats", metavar="CSV", help="keep the status lines as CSV (seconds,execs,coverage,corpus,"
                                                   "findings), appended across runs: the coverage-over-time data")
+    f.add_argument("--confirm-engine", action="store_true", help=CONFIRM_HELP + " After the campaign, for every "
+                   "minimized finding it filed (not flaky ones; skipped after Ctrl-C).")
     f.add_argument("libfuzzer_args", nargs="*", metavar="-- LIBFUZZER_FLAG",
                    help="passed to libFuzzer unchanged (atheris and hypothesis engines)")
     f.set_defaults(handler=cmd_fuzz)
@@ -55,6 +60,7 @@ def add_commands(sub) -> None:
     m.add_argument("--split", default="fixed", help=SPLIT_HELP)
     m.add_argument("-o", "--output", metavar="OUT")
     m.add_argument("--budget", type=float, default=60.0, metavar="SECONDS")
+    m.add_argument("--confirm-engine", action="store_true", help=CONFIRM_HELP)
     m.set_defaults(handler=cmd_minimize)
 
     c = sub.add_parser("corpus", help="merge, prune, inspect or extend corpora")
@@ -80,6 +86,19 @@ def add_commands(sub) -> None:
     ca.add_argument("--dir", default="corpus/regressions")
     ca.add_argument("--splits", nargs="+", default=["fixed", "prefix", "realign"])
     ca.set_defaults(handler=cmd_corpus_add_regression)
+    ce = csub.add_parser(
+        "confirm-engine", help="record in each case whether a real vLLM engine confirms it",
+        description="Replay every case under PATH (files, or directories walked for *.json) on the engine tier "
+                    "(`mambafuzz engine-repro`: a real CPU vLLM engine, prefix caching on under the split vs "
+                    "off) and write the verdict into the file: finding.engine_confirmation for cases with a "
+                    "finding block (under the finding's split), else a top-level engine_confirmation keyed by "
+                    "each split of the case's expected table. Status diverged, agreed, crashed, or skipped with "
+                    "the reason the CPU engine cannot run it. Files are rewritten atomically. Exit 1 if any case "
+                    "diverged or crashed the engine, 2 on bad input (bad files are named and left alone).")
+    ce.add_argument("paths", nargs="+", metavar="DIR_OR_FILE")
+    ce.add_argument("--split", default=None, help="confirm under this split only (default: each case's own; "
+                                                  + SPLIT_HELP + ")")
+    ce.set_defaults(handler=cmd_corpus_confirm_engine)
 
 
 def _usage(msg: str):
@@ -128,6 +147,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         meta = finding_meta(p)
         print(f"  {meta.get('signature', '?')}  reproduced {meta.get('reproduced', '?')}  {p}")
         print(f"    repro: mambafuzz repro {p} --split {args.split}")
+    if args.confirm_engine:
+        to_confirm = [p for p in real if p.exists()]
+        if result.interrupted and to_confirm:
+            print(f"engine confirmation skipped (interrupted); later: mambafuzz corpus confirm-engine "
+                  f"{' '.join(str(p) for p in to_confirm)}")
+        elif to_confirm:
+            _confirm_engine(to_confirm, None)
     crashed = [c for c in result.exit_codes if c not in (0, 1, -2, 130, 3, 77) and not result.interrupted]
     if crashed and not result.new_files:
         print("worker exited with an error; its last output:", file=sys.stderr)
@@ -164,10 +190,44 @@ def cmd_minimize(args: argparse.Namespace) -> int:
     result = minimize(case.scenario, still_fails, time_budget=args.budget)
     meta = dict(case.extra.get("finding", {}) or {}, signature=sig, split=args.split, message=first.primary.message,
                 repro=f"mambafuzz repro {out} --split {args.split}")
+    meta.pop(corpus.ENGINE_CONFIRMATION, None)  # it was about the scenario before minimization
     atomic_write(out, case_json(result.scenario, case.expected or None, note=case.extra.get("note"), finding=meta))
     print(f"wrote {out}: size {result.scenario.size()} (requests, last step, tokens) after {result.attempts} "
           f"attempts in {result.seconds:.1f}s{' (budget reached)' if result.timed_out else ''}")
+    if args.confirm_engine:
+        _confirm_engine([out], args.split)
     return EXIT_FOUND
+
+
+def _confirm_engine(paths: list[Path], split: str | None) -> tuple[int, int]:
+    """Confirm each file on the engine tier, one status line each; (diverged or crashed, errors).
+    A file that cannot be confirmed is named on stderr and left as it was."""
+    from fuzz import splits
+    from fuzz.corpus import CaseError
+    from fuzz.engine_tier.confirmation import confirm_file
+    from fuzz.scenario import ScenarioError
+
+    found = errors = 0
+    for i, path in enumerate(paths):
+        try:
+            records = confirm_file(path, split, announce=lambda line: print(line, flush=True))
+        except (CaseError, ScenarioError, splits.SplitError) as exc:
+            problem = "; ".join(exc.problems) if isinstance(exc, ScenarioError) else str(exc)
+            print(f"mambafuzz: {problem if str(path) in problem else f'{path}: {problem}'}", file=sys.stderr)
+            errors += 1
+            continue
+        except Exception as exc:  # noqa: BLE001 - a tool failure on one file must not lose the others
+            first = (str(exc).splitlines() or [""])[0]
+            print(f"mambafuzz: {path}: engine confirmation failed: {type(exc).__name__}: {first}", file=sys.stderr)
+            errors += 1
+            continue
+        except KeyboardInterrupt:
+            left = [str(p) for p in paths[i:]]
+            print(f"engine confirmation interrupted; {len(left)} file(s) left as they were: "
+                  f"mambafuzz corpus confirm-engine {' '.join(left)}", file=sys.stderr)
+            raise
+        found += any(r["status"] in ("diverged", "crashed") for r in records)
+    return found, errors
 
 
 def _load_inputs(dirs, must_exist: bool = True):
@@ -302,3 +362,46 @@ def cmd_corpus_add_regression(args: argparse.Namespace) -> int:
     atomic_write(out, case_json(case.scenario, expected, note=note, finding=meta))
     print(f"wrote {out} with expected verdicts {expected}")
     return EXIT_CLEAN
+
+
+def _case_files(paths: list[str]) -> list[Path]:
+    """The *.json case files named by `paths` (directories walked, dot-files and findings'
+    raw/ folders skipped), sorted per argument; a missing path is a usage error."""
+    out: list[Path] = []
+    for arg in paths:
+        p = Path(arg)
+        if not p.exists():
+            raise _usage(f"{arg}: no such file or directory")
+        if p.is_dir():
+            out += sorted(f for f in p.rglob("*.json") if not f.name.startswith(".") and not f.is_symlink()
+                          and "raw" not in f.relative_to(p).parts[:-1] and f.is_file())
+        else:
+            out.append(p)
+    return out
+
+
+def cmd_corpus_confirm_engine(args: argparse.Namespace) -> int:
+    from fuzz import corpus, splits
+
+    if args.split is not None:
+        try:
+            splits.resolve(args.split)
+        except splits.SplitError as exc:
+            raise _usage(str(exc)) from None
+    files = _case_files(args.paths)
+    good, bad = [], 0
+    for p in files:  # every file is checked before an engine is paid for
+        try:
+            corpus.load_case(p)
+            good.append(p)
+        except corpus.CaseError as exc:
+            print(f"mambafuzz: {exc}", file=sys.stderr)
+            bad += 1
+    if not files:
+        raise _usage(f"no .json case files under {' '.join(args.paths)}")
+    found, errors = _confirm_engine(good, args.split)
+    print(f"confirm-engine: {len(good) - errors} file(s) recorded, {found} diverged or crashed, "
+          f"{bad + errors} unusable")
+    if bad or errors:
+        return EXIT_USAGE
+    return EXIT_FOUND if found else EXIT_CLEAN
