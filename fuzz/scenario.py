@@ -324,13 +324,19 @@ def validate(s: Scenario) -> list[str]:
     return p
 
 
+# The shipped tiny model has three linear-attention layers beside one attention layer; vLLM's
+# uniform-page grouping gives each its own KV-cache group, so a request holds three mamba block tables.
+MAMBA_GROUPS = 3
+
+
 def blocks_for_request(e: EngineConfig, num_tokens: int) -> int:
-    """Blocks one request holds at most: attention blocks for every token, plus the mamba
+    """Blocks one request holds at most: attention blocks for every token, plus each mamba
     group's resident state blocks in align mode (two, plus speculative and checkpoint blocks)."""
     attn = -(-num_tokens // e.attn_block_size)
     # align mode keeps 2 state blocks resident; vLLM's admission check (scheduler_reserve_full_isl)
     # counts one per mamba block of the whole sequence with prefix caching off: take the larger.
-    mamba = max(2, -(-num_tokens // e.mamba_block_size)) + e.num_speculative_tokens + e.num_prefill_checkpoint_blocks
+    per_group = max(2, -(-num_tokens // e.mamba_block_size)) + e.num_speculative_tokens + e.num_prefill_checkpoint_blocks
+    mamba = MAMBA_GROUPS * per_group
     # + slack for the null block and the allocator's watermark (1% of the pool)
     return attn + mamba + 4 + (attn + mamba) // 50
 

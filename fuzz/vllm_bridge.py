@@ -7,6 +7,7 @@ Everything else in the project talks to `SchedulerSession`, never to vLLM object
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import types
@@ -33,6 +34,7 @@ from vllm.config import (  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (  # noqa: E402
+    _get_kv_cache_groups_uniform_page_size,
     get_block_hash,
     get_request_block_hasher,
     init_none_hash,
@@ -45,7 +47,6 @@ from vllm.v1.core.single_type_kv_cache_manager import MambaManager  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
-    KVCacheGroupSpec,
     MambaSpec,
 )
 from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
@@ -152,7 +153,6 @@ def _checked_config(e: EngineConfig, max_model_len: int) -> VllmConfig:
 
 def kv_cache_config_for(e: EngineConfig, num_blocks: int) -> KVCacheConfig:
     attn = FullAttentionSpec(block_size=e.attn_block_size, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
-    groups = [KVCacheGroupSpec([ATTN_LAYER], attn)]
     if e.enable_prefix_caching:
         mamba = MambaSpec(
             block_size=e.mamba_block_size,
@@ -168,7 +168,12 @@ def kv_cache_config_for(e: EngineConfig, num_blocks: int) -> KVCacheConfig:
             block_size=e.mamba_block_size, shapes=((1, 1),), dtypes=(torch.float32,),
             num_speculative_blocks=e.num_speculative_tokens if e.uses_spec_decode else 0,
         )
-    groups.append(KVCacheGroupSpec(MAMBA_LAYERS, mamba))
+    # Group the layers as the engine does. The engine pads the mamba page to the attention page
+    # (Platform._align_hybrid_block_size), then vLLM's uniform-page grouping gives each of the tiny model's
+    # three linear-attention layers its own group (one attention layer sets the group size): three mamba
+    # block tables per request, as in a real engine, which matters for small-pool admission.
+    mamba = dataclasses.replace(mamba, page_size_padded=attn.page_size_bytes)
+    groups = _get_kv_cache_groups_uniform_page_size({ATTN_LAYER: attn, **dict.fromkeys(MAMBA_LAYERS, mamba)})
     # vLLM's KV-cache utilities copy the retention interval from CacheConfig into KVCacheConfig, and the
     # coordinator reads it only from there: without it every run would use dense retention.
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
