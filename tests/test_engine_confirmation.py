@@ -220,3 +220,70 @@ def test_fuzz_confirm_engine_after_ctrl_c_only_says_how(tmp_path, fake, monkeypa
                  str(tmp_path / "findings"), "--corpus", str(tmp_path / "corpus"), "--confirm-engine"]) == 1
     assert fake.calls == [] and real.read_bytes() == before
     assert f"later: mambafuzz corpus confirm-engine {real}" in capsys.readouterr().out
+
+
+# ---- the real engine (pytest -m engine) ------------------------------------------------------
+
+def _cpu_partial_hit():
+    """CPU-runnable (block 256 for attention and mamba, unit 16, no spec decode, dense
+    retention): r0 (401 tokens) publishes a partial-tail state@400; r1 and r2 (700 tokens,
+    same 400-token prefix) are admitted with that unaligned 400-token hit, so their first chunk
+    starts mid-block, the case the pre-fix realign gate mishandles with MTP."""
+    from fuzz.scenario import EngineConfig, RequestSpec, Scenario
+
+    return Scenario(
+        engine=EngineConfig(mamba_block_size=256, attn_block_size=256, prefix_match_unit=16, max_num_batched_tokens=2048,
+                            prefix_cache_retention_interval=None),
+        prefixes=[400],
+        requests=[RequestSpec(prefix_ids=[0], unique_len=1, max_tokens=4),
+                  RequestSpec(arrival_step=4, prefix_ids=[0], unique_len=300, max_tokens=4),
+                  RequestSpec(arrival_step=10, prefix_ids=[0], unique_len=300, max_tokens=4)])
+
+
+@pytest.mark.engine
+def test_cpu_partial_hit_is_clean_under_the_prefix_gates_in_the_harness_and_on_the_engine(tmp_path, capsys):
+    """Without spec decode the pre-fix gates equal the fix: the last cacheable boundary is
+    (num_tokens - 1) // block * block, so a block boundary past it is at or past the prompt's
+    end and no chunk can cross it early.  The harness says clean, and the real engine agrees."""
+    from fuzz import harness, splits
+    from fuzz.engine_tier import engines
+
+    s = _cpu_partial_hit()
+    assert engines.unsupported(s) is None
+    trace = harness.run(s, splits.resolve("realign"), "realign")
+    resumed = [c for st in trace.steps for c in st.chunks if c.resumed_from_hit]
+    assert [(c.request_id, c.start) for c in resumed] == [("r1", 400), ("r2", 400)]  # mid-block starts
+    path = tmp_path / "cpu_partial_hit.json"
+    path.write_text(corpus.case_json(s, {"fixed": "clean", "prefix": "clean", "realign": "clean"}))
+    for split in ("fixed", "prefix", "realign"):
+        assert main(["repro", str(path), "--split", split]) == 0
+    assert main(["corpus", "confirm-engine", str(path)]) == 0
+    table = json.loads(path.read_text())[corpus.ENGINE_CONFIRMATION]
+    for split in ("fixed", "prefix", "realign"):
+        assert table[split]["status"] == "agreed" and table[split]["schedule_match"] is True, table[split]
+
+
+@pytest.mark.engine
+def test_a_poisoning_split_is_confirmed_as_a_real_divergence(tmp_path, capsys):
+    """The oracle's poisoned entry (naive split, no spec decode) is a wrong answer on the real
+    model: recorded per split for a case without a finding block, and in the finding block."""
+    from tests.test_engine_tier import POISON
+
+    naive = "tests.test_engine_tier:naive_split"
+    regression = tmp_path / "poison.json"
+    regression.write_text(corpus.case_json(POISON, {"fixed": "clean", naive: "slot_hash"}))
+    assert main(["repro", str(regression), "--split", naive]) == 1
+    assert main(["corpus", "confirm-engine", str(regression)]) == 1
+    table = json.loads(regression.read_text())[corpus.ENGINE_CONFIRMATION]
+    assert table["fixed"]["status"] == "agreed" and table["fixed"]["schedule_match"] is True
+    bad = table[naive]
+    assert bad["status"] == "diverged" and bad["kind"] == "engine_divergence" and bad["schedule_match"] is True
+    assert bad["reason"].startswith("r1: token 0")  # the request that restored the poisoned state
+
+    finding = tmp_path / "finding.json"
+    finding.write_text(corpus.case_json(POISON, finding={"signature": "slot_hash:short/chunk-end", "split": naive}))
+    assert main(["corpus", "confirm-engine", str(finding)]) == 1
+    rec = json.loads(finding.read_text())["finding"][corpus.ENGINE_CONFIRMATION]
+    assert {k: rec[k] for k in ("status", "split", "schedule_match")} == {"status": "diverged", "split": naive,
+                                                                        "schedule_match": True}
+    assert f"{finding} [split {naive}] engine: DIVERGED engine_divergence: r1: token 0" in capsys.readouterr().out
