@@ -80,7 +80,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     from fuzz import corpus
     from fuzz.pipeline import evaluate
     from fuzz.report import describe, step_table, trace_digest
-    from fuzz.scenario import ScenarioError
+    from fuzz.scenario import ScenarioError, engine_realism_notes
 
     _split_or_usage(args.split)
     worst = EXIT_CLEAN
@@ -99,13 +99,15 @@ def cmd_repro(args: argparse.Namespace) -> int:
             worst = EXIT_USAGE
             continue
         expected = case.expected.get(args.split)
+        notes = engine_realism_notes(case.scenario.engine)
         if args.json:
             obj = describe(path, args.split, ev, expected)
+            obj["realism_notes"] = notes
             if args.digest:
                 obj["digest"] = trace_digest(ev.trace)
             print(json.dumps(obj))
         else:
-            _print_text(path, args.split, ev, expected)
+            _print_text(path, args.split, ev, expected, notes)
             if args.trace:
                 print(step_table(ev.trace))
             if args.digest:
@@ -115,7 +117,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     return worst
 
 
-def _print_text(path: str, split: str, ev, expected: str | None) -> None:
+def _print_text(path: str, split: str, ev, expected: str | None, notes: list[str]) -> None:
     v = ev.verdict
     head = "clean" if v.clean else f"VIOLATION {v.kind}"
     print(f"{path} [split {split}]: {head}")
@@ -126,6 +128,9 @@ def _print_text(path: str, split: str, ev, expected: str | None) -> None:
         print(f"  report ({f.kind}): {f.message}")
     if expected is not None:
         print(f"  expected: {expected} ({'matches' if expected == v.kind else 'MISMATCH'})")
+    if not v.clean:
+        for note in notes:
+            print(f"  note: {note}")
 
 
 if __name__ == "__main__":

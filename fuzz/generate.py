@@ -19,7 +19,7 @@ from typing import Protocol
 
 from fuzz.scenario import EngineConfig, RequestSpec, Scenario, ample_pool_blocks, min_pool_blocks
 
-ATTN_BLOCK_SIZES = (8, 16, 32)
+BASE_BLOCK_SIZES = (8, 16, 32)  # the finest block; mamba blocks are multiples, hash units divisors
 MAX_GEN_REQUESTS = 5
 MAX_GEN_PREFIXES = 3
 
@@ -106,9 +106,12 @@ def _length(src: Source, block: int, most_blocks: int = 3) -> int:
 
 
 def draw_engine(src: Source) -> EngineConfig:
-    attn = _pick(src, ATTN_BLOCK_SIZES)
-    mamba = attn * _pick(src, (1, 2, 3, 4, 8, 16, 50, 100))
-    units = [d for d in range(1, attn + 1) if attn % d == 0]
+    base = _pick(src, BASE_BLOCK_SIZES)
+    mamba = base * _pick(src, (1, 2, 3, 4, 8, 16, 50, 100))
+    # Half the time the attention block equals the mamba block, as a real align-mode engine sets it;
+    # otherwise it is the finer base block, a config only the scheduler sees (fuzz.scenario.engine_realism_notes).
+    attn = mamba if src.bool() else base
+    units = [d for d in range(1, base + 1) if base % d == 0]
     unit = _pick(src, units + [None, None])
     spec_tokens = src.int(0, 3) if src.bool() else 0
     budget = max(1 + spec_tokens, _length(src, mamba, 4))

@@ -324,6 +324,16 @@ def validate(s: Scenario) -> list[str]:
     return p
 
 
+def engine_realism_notes(e: EngineConfig) -> list[str]:
+    """Ways a config is reachable only at scheduler level, not in a real engine: a finding on such
+    a config should be re-checked on an engine-real one before anyone calls it a vLLM bug."""
+    notes = []
+    if e.enable_prefix_caching and e.attn_block_size != e.mamba_block_size:
+        notes.append(f"attn_block_size {e.attn_block_size} != mamba_block_size {e.mamba_block_size}: a real align-mode "
+                     "engine ties the two (Platform._align_hybrid_block_size); only the scheduler sees this config")
+    return notes
+
+
 # The shipped tiny model has three linear-attention layers beside one attention layer; vLLM's
 # uniform-page grouping gives each its own KV-cache group, so a request holds three mamba block tables.
 MAMBA_GROUPS = 3

@@ -34,6 +34,20 @@ def test_repro_json_and_trace(first_chunk_file, capsys):
     assert "POISONED" in capsys.readouterr().out
 
 
+def test_a_finding_on_a_scheduler_only_config_says_so(tmp_path, first_chunk_file, capsys):
+    """Attention blocks finer than the mamba block exist only at scheduler level: the verdict says
+    so; the same finding with engine-real (tied) blocks carries no such note."""
+    assert main(["repro", str(first_chunk_file), "--split", "prefix"]) == 1
+    assert "note: attn_block_size 16 != mamba_block_size 1600" in capsys.readouterr().out
+    tied = first_chunk_scenario()
+    tied.engine.attn_block_size = tied.engine.mamba_block_size
+    path = tmp_path / "tied.json"
+    path.write_text(tied.dumps())
+    assert main(["repro", str(path), "--split", "prefix", "--json"]) == 1
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["verdict"] == "slot_hash" and obj["realism_notes"] == []
+
+
 @pytest.mark.parametrize("content, needle", [
     ("{", "not valid JSON"),
     ('{"format": "x"}', "format must be"),
