@@ -65,8 +65,10 @@ def test_finding_gets_one_record_under_its_split(tmp_path, fake, capsys):
     assert fake.calls == ["fixed"]
     assert rec["status"] == "diverged" and rec["kind"] == "engine_divergence" and rec["split"] == "fixed"
     assert rec["vllm"].startswith("vllm") and "startup_s" not in rec and "replay_s" not in rec
+    assert rec["harness"][0] == "slot_hash"  # the oracle's prediction, to read the engine's status against
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"{path} [split fixed] engine: DIVERGED engine_divergence: fake diverged; schedule matches the harness"
+    assert out[0] == (f"{path} [split fixed] engine: DIVERGED engine_divergence: fake diverged; schedule matches the "
+                      f"harness; harness: {', '.join(rec['harness'])}")
 
 
 def test_regression_gets_a_table_keyed_by_its_expected_splits(tmp_path, fake):
@@ -77,6 +79,7 @@ def test_regression_gets_a_table_keyed_by_its_expected_splits(tmp_path, fake):
     table = raw[corpus.ENGINE_CONFIRMATION]
     assert list(table) == ["fixed", "prefix", "realign"] == fake.calls
     assert {k: v["status"] for k, v in table.items()} == fake.verdicts
+    assert table["fixed"]["harness"] == [] and table["realign"]["harness"][0] == "slot_hash"
     case = corpus.load_case(path)  # the loader keeps the field and the scenario validates
     assert case.extra[corpus.ENGINE_CONFIRMATION] == table
     assert case.scenario == corpus.load_case(REGRESSION).scenario and case.expected == raw["expected"]
@@ -279,6 +282,7 @@ def test_a_poisoning_split_is_confirmed_as_a_real_divergence(tmp_path, capsys):
     bad = table[naive]
     assert bad["status"] == "diverged" and bad["kind"] == "engine_divergence" and bad["schedule_match"] is True
     assert bad["reason"].startswith("r1: token 0")  # the request that restored the poisoned state
+    assert bad["harness"] == ["slot_hash", "resume_state", "output_divergence"] and table["fixed"]["harness"] == []
 
     finding = tmp_path / "finding.json"
     finding.write_text(corpus.case_json(POISON, finding={"signature": "slot_hash:short/chunk-end", "split": naive}))
@@ -287,3 +291,20 @@ def test_a_poisoning_split_is_confirmed_as_a_real_divergence(tmp_path, capsys):
     assert {k: rec[k] for k in ("status", "split", "schedule_match")} == {"status": "diverged", "split": naive,
                                                                         "schedule_match": True}
     assert f"{finding} [split {naive}] engine: DIVERGED engine_divergence: r1: token 0" in capsys.readouterr().out
+
+
+@pytest.mark.engine
+def test_minimized_slot_hash_without_a_reader_agrees_and_says_so(tmp_path, capsys, monkeypatch):
+    """`minimize` keeps the signature (a poisoned entry is published), not a request that
+    reads it back; on the engine nothing can then differ.  The record shows both sides: the
+    engine agreed, and the harness predicted slot_hash only (no resume_state/output_divergence)."""
+    from tests.test_engine_tier import POISON
+
+    naive = "tests.test_engine_tier:naive_split"
+    path = tmp_path / "poison.json"
+    path.write_text(POISON.dumps())
+    assert main(["minimize", str(path), "--split", naive, "--budget", "20", "--confirm-engine"]) == 1
+    small = json.loads((tmp_path / "poison.min.json").read_text())
+    rec = small["finding"][corpus.ENGINE_CONFIRMATION]
+    assert len(small["requests"]) == 1  # the reader r1 was minimized away
+    assert rec["status"] == "agreed" and rec["harness"] == ["slot_hash"] and rec["schedule_match"] is True

@@ -13,7 +13,11 @@ Where the verdict goes (one rule per kind of file):
 Each record is compact and deterministic (no timings, no date), so re-running the command on
 an unchanged corpus rewrites identical bytes:
     {"status": "diverged"|"agreed"|"skipped"|"crashed", "split", "reason", "kind",
-     "schedule_match", "schedule_diff"?, "adapted"?, "vllm"}
+     "schedule_match", "schedule_diff"?, "adapted"?, "harness", "vllm"}
+`harness` lists the oracle's finding kinds for the same scenario and split, the prediction to
+read the engine's status against: `slot_hash` alone means a poisoned entry that no request
+reads back in this scenario (a minimized slot_hash finding often keeps no reader), so the
+engine's outputs cannot differ; `resume_state`/`output_divergence` mean a request restores it.
 `skipped` is "the engine could not run it": `reason` names the scenario feature the CPU
 backend lacks (engines.unsupported) or why vLLM refused the config.
 
@@ -48,8 +52,9 @@ def vllm_version() -> str:
     return "vllm unknown"
 
 
-def record(result: dict[str, Any]) -> dict[str, Any]:
-    """The part of engine_repro.confirm's result that is worth keeping in a file."""
+def record(result: dict[str, Any], harness: list[str] | None = None) -> dict[str, Any]:
+    """The part of engine_repro.confirm's result that is worth keeping in a file, with the
+    harness's finding kinds for the same run (see the module docstring)."""
     if result.get("status") not in STATUSES:
         raise ValueError(f"engine confirmation status {result.get('status')!r} is not one of {', '.join(STATUSES)}")
     out = {k: result.get(k) for k in ("status", "split", "reason", "kind", "schedule_match")}
@@ -59,8 +64,17 @@ def record(result: dict[str, Any]) -> dict[str, Any]:
             out["schedule_note"] = result["schedule_note"]
     if result.get("adapted"):
         out["adapted"] = list(result["adapted"])
+    if harness is not None:
+        out["harness"] = list(harness)
     out["vllm"] = vllm_version()
     return out
+
+
+def harness_kinds(scenario: Any, split: str) -> list[str]:
+    """The oracle's finding kinds for `scenario` under `split` (cached run plus differential)."""
+    from fuzz.pipeline import evaluate
+
+    return [f.kind for f in evaluate(scenario, split, efficiency=False).verdict.findings]
 
 
 def splits_for(raw: dict[str, Any], split: str | None) -> list[str]:
@@ -118,7 +132,7 @@ def confirm_file(path: str | Path, split: str | None = None, confirm: ConfirmFn 
     confirm = confirm or _default_confirm
     records = []
     for name in splits_for(raw, split):
-        rec = record(dict(confirm(scenario, name), split=name))
+        rec = record(dict(confirm(scenario, name), split=name), harness_kinds(scenario, name))
         records.append(rec)
         if announce is not None:
             announce(status_line(path, rec))
@@ -133,4 +147,5 @@ def status_line(path: str | Path, rec: dict[str, Any]) -> str:
     head = rec["status"].upper() + (f" {rec['kind']}" if rec.get("kind") else "")
     sched = {True: "; schedule matches the harness", False: "; schedule DIFFERS from the harness"}.get(
         rec.get("schedule_match"), "")
-    return f"{path} [split {rec['split']}] engine: {head}: {rec['reason']}{sched}"
+    predicted = f"; harness: {', '.join(rec['harness']) or 'clean'}" if "harness" in rec else ""
+    return f"{path} [split {rec['split']}] engine: {head}: {rec['reason']}{sched}{predicted}"
