@@ -136,6 +136,13 @@ class _Runner:
             null_block_id=session.null_block_id,
             vocab_size=VOCAB_SIZE,
         ))
+        self.arrivals_at: dict[int, list[int]] = {}
+        self.aborts_at: dict[int, list[str]] = {}
+        for i, (rid, r) in enumerate(zip(self.ids, scenario.requests)):
+            self.arrivals_at.setdefault(r.arrival_step, []).append(i)
+            if r.abort_step is not None:
+                self.aborts_at.setdefault(r.abort_step, []).append(rid)
+        self.last_arrival = max((r.arrival_step for r in scenario.requests), default=-1)
         self.book = _HashBook(session.hash_block_size)
         self.known_entries: set[tuple[bytes, int]] = set()
         if session.connector is not None and prefix_caching:
@@ -149,8 +156,7 @@ class _Runner:
         step = 0
         try:
             while True:
-                pending = any(r.arrival_step >= step for r in self.s.requests)
-                if not pending and not self.session.has_unfinished():
+                if step > self.last_arrival and not self.session.has_unfinished():
                     break
                 if step >= self.trace.step_bound:
                     self.trace.hit_bound = True
@@ -175,14 +181,13 @@ class _Runner:
         rec = StepRecord(step)
         self.trace.steps.append(rec)
         session = self.session
-        for i, (rid, r) in enumerate(zip(self.ids, self.s.requests)):
-            if r.arrival_step == step:
-                prompt = self.s.prompt_tokens(i)
-                self.live[rid] = _Live(i, PrefixStates.for_prompt(prompt))
-                session.add_request(rid, prompt, r.max_tokens, float(step))
-                rec.arrivals.append(rid)
-        aborts = [rid for rid, r in zip(self.ids, self.s.requests)
-                  if r.abort_step == step and rid in self.live and self._unfinished(rid)]
+        for i in self.arrivals_at.get(step, ()):
+            rid, r = self.ids[i], self.s.requests[i]
+            prompt = self.s.prompt_tokens(i)
+            self.live[rid] = _Live(i, PrefixStates.for_prompt(prompt))
+            session.add_request(rid, prompt, r.max_tokens, float(step))
+            rec.arrivals.append(rid)
+        aborts = [rid for rid in self.aborts_at.get(step, ()) if rid in self.live and self._unfinished(rid)]
         if aborts:
             session.abort(aborts)
             rec.aborts = aborts
@@ -272,7 +277,7 @@ class _Runner:
             return self._ideal_row(live, start, tokens, len(drafts), req)
         table = self.session.mamba_block_ids(rid)
         spec_row = self.model.is_spec_row(self.spec, start, n, len(drafts), req.num_prompt_tokens)
-        row = self.model.run_row(rid, table, start, tokens, len(drafts), spec_row)
+        row = self.model.run_row(rid, table, start, tokens, len(drafts), spec_row, live.truth)
         first = live.first_chunk_pending
         live.first_chunk_pending = False
         rec.chunks.append(Chunk(rid, start, n, len(drafts), row.read_column, row.read_block, row.read_state,
@@ -351,13 +356,21 @@ class _Runner:
         return out
 
     def _audit_cache(self, rec: StepRecord) -> None:
+        """Record the mamba cache entries whose verdict may have changed this step: new keys, and
+        keys on blocks the kernel model wrote. A key's claim never changes and a block's held state
+        changes only by a write, so an entry judged before keeps its verdict until one of these."""
         for rid, live in self.live.items():
             self.book.learn(rid, self.session.block_hashes(rid), live.truth)
+        written = self.model.take_dirty()
+        known = self.known_entries
         seen: set[tuple[bytes, int]] = set()
-        for entry in self.session.cached_mamba_entries():
-            key = (entry.block_hash, entry.block_id)
-            seen.add(key)
-            new = key not in self.known_entries
+        for key, block in self.session.cached_mamba_blocks():
+            ident = (key, block.block_id)
+            seen.add(ident)
+            new = ident not in known
+            if not new and block.block_id not in written:
+                continue
+            entry = vb.SchedulerSession.mamba_entry(key, block)
             if new:
                 self.trace.hashed_snapshots += 1
             owner, claimed = self.book.truth.get(entry.block_hash, ("?", State(-3, 0)))

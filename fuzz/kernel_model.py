@@ -26,6 +26,7 @@ Each rule mirrors one piece of vLLM's worker code (paths inside the installed `v
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vllm.v1.kv_cache_interface import (
@@ -33,7 +34,7 @@ from vllm.v1.kv_cache_interface import (
     is_mamba_prefill_checkpoint_valid,
 )
 
-from fuzz.state import EMPTY, State, next_token
+from fuzz.state import EMPTY, PrefixStates, State, next_token
 
 ZEROED = State(-1, 0)  # a freshly zeroed block: holds no state of any prefix
 UNSET = State(-2, 0)  # a block the model never saw written
@@ -69,6 +70,7 @@ class KernelModel:
     def __init__(self, geometry: KernelGeometry):
         self.g = geometry
         self.held: dict[int, State] = {}
+        self.dirty: set[int] = set()
         self._prev_column: dict[str, int] = {}  # worker's mamba_state_idx
         self._num_accepted: dict[str, int] = {}  # worker's num_accepted_tokens_cpu
 
@@ -79,7 +81,13 @@ class KernelModel:
         if block_id <= self.g.null_block_id:
             return False
         self.held[block_id] = state
+        self.dirty.add(block_id)
         return True
+
+    def take_dirty(self) -> set[int]:
+        """Blocks written since the last call: the only ones whose held state can have changed."""
+        dirty, self.dirty = self.dirty, set()
+        return dirty
 
     # ---- per-step, before any row --------------------------------------------------
     def forget_requests(self, request_ids: set[str]) -> None:
@@ -116,9 +124,11 @@ class KernelModel:
         return num_scheduled == 1 and num_computed >= num_prompt_tokens
 
     def run_row(self, rid: str, table: list[int], num_computed: int, tokens: list[int], num_drafts: int,
-                spec_row: bool = False) -> RowResult:
+                spec_row: bool = False, truth: PrefixStates | None = None) -> RowResult:
         """Run `tokens` (the last `num_drafts` of them speculative) from `num_computed`;
-        `spec_row` selects the speculative kernel path (see `is_spec_row`)."""
+        `spec_row` selects the speculative kernel path (see `is_spec_row`). `truth`, the request's
+        true prefix states, only makes extending a state cheaper; it never changes a result."""
+        extend = truth.advance if truth is not None else State.extend
         bs = self.g.block_size
         seq_len = num_computed + len(tokens)
         curr = cdiv(seq_len, bs) - 1
@@ -137,7 +147,7 @@ class KernelModel:
         if not spec_row:
             read_col = curr
             start = self.state_of(table[curr]) if num_computed > 0 else EMPTY
-            head = start.extend(tokens[: len(tokens) - num_drafts - 1])
+            head = extend(start, tokens[: len(tokens) - num_drafts - 1])
             outputs = []  # the sampler reads the last real position and every draft position
             final = head
             for tok in tokens[len(tokens) - num_drafts - 1 :]:
@@ -145,7 +155,7 @@ class KernelModel:
                 outputs.append(next_token(final, self.g.vocab_size))
             if self._write(table[curr], final):
                 writes.append((curr, table[curr], final, "chunk-end"))
-            self._maybe_checkpoint(table, num_computed, seq_len, start, tokens, writes)
+            self._maybe_checkpoint(table, num_computed, seq_len, start, tokens, writes, extend)
         else:
             read_col = curr + accepted - 1
             start = self.state_of(table[read_col]) if read_col < len(table) else UNSET
@@ -159,7 +169,8 @@ class KernelModel:
         return RowResult(read_col, table[read_col] if read_col < len(table) else -1, start, outputs, writes)
 
     def _maybe_checkpoint(self, table: list[int], num_computed: int, seq_len: int, start: State,
-                          tokens: list[int], writes: list[tuple[int, int, State, str]]) -> None:
+                          tokens: list[int], writes: list[tuple[int, int, State, str]],
+                          extend: Callable[[State, list[int]], State] = State.extend) -> None:
         if self.g.checkpoint_alignment is None:
             return
         position = get_mamba_prefill_checkpoint_position(
@@ -172,7 +183,7 @@ class KernelModel:
         ):
             return
         column = cdiv(seq_len, self.g.block_size) - 2
-        state = start.extend(tokens[: position - num_computed])
+        state = extend(start, tokens[: position - num_computed])
         if self._write(table[column], state):
             writes.append((column, table[column], state, "checkpoint"))
 

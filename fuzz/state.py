@@ -72,6 +72,17 @@ class PrefixStates:
     def at(self, length: int) -> State:
         return State(length, self._fps[length])
 
+    def advance(self, start: State, tokens: list[int]) -> State:
+        """`start.extend(tokens)`, answered from the chain when `start` is this sequence's true
+        state and `tokens` are its next tokens (the common case: O(1) plus a C-level list compare),
+        else computed token by token. Same result either way."""
+        n = start.num_tokens
+        end = n + len(tokens)
+        fps = self._fps
+        if 0 <= n and end < len(fps) and fps[n] == start.fingerprint and self._tokens[n:end] == tokens:
+            return State(end, fps[end])
+        return start.extend(tokens)
+
     def __len__(self) -> int:
         return len(self._tokens)
 

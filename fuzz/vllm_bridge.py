@@ -34,6 +34,7 @@ from vllm.config import (  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (  # noqa: E402
+    KVCacheBlock,  # noqa: E402
     _get_kv_cache_groups_uniform_page_size,
     get_block_hash,
     get_request_block_hasher,
@@ -47,6 +48,7 @@ from vllm.v1.core.single_type_kv_cache_manager import MambaManager  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
+    KVCacheGroupSpec,
     MambaSpec,
 )
 from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
@@ -151,29 +153,36 @@ def _checked_config(e: EngineConfig, max_model_len: int) -> VllmConfig:
         raise ConfigRejected(f"vLLM refuses this engine config: {detail.split(' [type=')[0]}") from None
 
 
-def kv_cache_config_for(e: EngineConfig, num_blocks: int) -> KVCacheConfig:
-    attn = FullAttentionSpec(block_size=e.attn_block_size, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
-    if e.enable_prefix_caching:
+@lru_cache(maxsize=64)
+def _kv_cache_groups(attn_block: int, mamba_block: int, caching: bool, spec_blocks: int, checkpoint_blocks: int,
+                     checkpoint_alignment: int | None) -> tuple[KVCacheGroupSpec, ...]:
+    """The KV-cache groups for one geometry, built once (vLLM's grouping deep-copies specs: slow)."""
+    attn = FullAttentionSpec(block_size=attn_block, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    if caching:
         mamba = MambaSpec(
-            block_size=e.mamba_block_size,
+            block_size=mamba_block,
             shapes=((1, 1),),
             dtypes=(torch.float32,),
             mamba_cache_mode="align",
-            num_speculative_blocks=e.num_speculative_tokens if e.uses_spec_decode else 0,
-            num_prefill_checkpoint_blocks=e.num_prefill_checkpoint_blocks,
-            prefill_checkpoint_alignment=e.prefill_checkpoint_alignment,
+            num_speculative_blocks=spec_blocks,
+            num_prefill_checkpoint_blocks=checkpoint_blocks,
+            prefill_checkpoint_alignment=checkpoint_alignment,
         )
     else:
-        mamba = MambaSpec(
-            block_size=e.mamba_block_size, shapes=((1, 1),), dtypes=(torch.float32,),
-            num_speculative_blocks=e.num_speculative_tokens if e.uses_spec_decode else 0,
-        )
+        mamba = MambaSpec(block_size=mamba_block, shapes=((1, 1),), dtypes=(torch.float32,),
+                          num_speculative_blocks=spec_blocks)
     # Group the layers as the engine does. The engine pads the mamba page to the attention page
     # (Platform._align_hybrid_block_size), then vLLM's uniform-page grouping gives each of the tiny model's
     # three linear-attention layers its own group (one attention layer sets the group size): three mamba
     # block tables per request, as in a real engine, which matters for small-pool admission.
     mamba = dataclasses.replace(mamba, page_size_padded=attn.page_size_bytes)
-    groups = _get_kv_cache_groups_uniform_page_size({ATTN_LAYER: attn, **dict.fromkeys(MAMBA_LAYERS, mamba)})
+    return tuple(_get_kv_cache_groups_uniform_page_size({ATTN_LAYER: attn, **dict.fromkeys(MAMBA_LAYERS, mamba)}))
+
+
+def kv_cache_config_for(e: EngineConfig, num_blocks: int) -> KVCacheConfig:
+    groups = list(_kv_cache_groups(e.attn_block_size, e.mamba_block_size, e.enable_prefix_caching,
+                                   e.num_speculative_tokens if e.uses_spec_decode else 0,
+                                   e.num_prefill_checkpoint_blocks, e.prefill_checkpoint_alignment))
     # vLLM's KV-cache utilities copy the retention interval from CacheConfig into KVCacheConfig, and the
     # coordinator reads it only from there: without it every run would use dense retention.
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
@@ -214,6 +223,7 @@ class SchedulerSession:
         self.mamba_block_size = engine.mamba_block_size
         managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
         self.mamba_group = next(i for i, m in enumerate(managers) if isinstance(m, MambaManager))
+        self._mamba_manager = managers[self.mamba_group]
         self.block_pool = self.scheduler.kv_cache_manager.block_pool
         self.null_block_id = self.block_pool.null_block.block_id
         self._mamba_key_suffix = bytes(make_block_hash_with_group_id(b"", self.mamba_group))
@@ -267,25 +277,35 @@ class SchedulerSession:
         return self.scheduler.has_unfinished_requests()
 
     def mamba_block_ids(self, request_id: str) -> list[int]:
-        return list(self.scheduler.kv_cache_manager.get_block_ids(request_id)[self.mamba_group])
+        return [b.block_id for b in self._mamba_manager.req_to_blocks.get(request_id, ())]
 
     def block_hashes(self, request_id: str) -> list[bytes]:
         req = self._requests.get(request_id)
         return list(req.block_hashes) if req is not None else []
 
-    def cached_mamba_entries(self) -> Iterator[CachedMambaEntry]:
-        """Every live prefix-cache key of the mamba group, with the block it points at."""
+    def cached_mamba_blocks(self) -> Iterator[tuple[bytes, KVCacheBlock]]:
+        """(key, block) for every live prefix-cache key of the mamba group: the raw form, so the
+        per-step audit can skip the entries it has already judged without building anything."""
         suffix = self._mamba_key_suffix
         for key, value in self.block_pool.cached_block_hash_to_block._cache.items():
             if key[-4:] != suffix:  # the group id is the key's last 4 bytes (make_block_hash_with_group_id)
                 continue
-            blocks = value.values() if isinstance(value, dict) else (value,)
-            for block in blocks:
-                primary = block.block_hash == key
-                yield CachedMambaEntry(
-                    bytes(get_block_hash(key)), block.block_id, primary,
-                    block.block_hash_num_tokens if primary else None,
-                )
+            if isinstance(value, dict):
+                for block in value.values():
+                    yield key, block
+            else:
+                yield key, value
+
+    @staticmethod
+    def mamba_entry(key: bytes, block: KVCacheBlock) -> CachedMambaEntry:
+        primary = block.block_hash == key
+        return CachedMambaEntry(bytes(get_block_hash(key)), block.block_id, primary,
+                                block.block_hash_num_tokens if primary else None)
+
+    def cached_mamba_entries(self) -> Iterator[CachedMambaEntry]:
+        """Every live prefix-cache key of the mamba group, with the block it points at."""
+        for key, block in self.cached_mamba_blocks():
+            yield self.mamba_entry(key, block)
 
     @staticmethod
     def block_copies(out: SchedulerOutput) -> list[tuple[int, int]]:

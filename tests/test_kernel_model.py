@@ -93,3 +93,27 @@ def test_a_zero_draft_decode_in_a_spec_engine_runs_on_the_speculative_path():
     m._prev_column["r"], m._num_accepted["r"] = 0, 2  # last step accepted a draft: state@4 in column 1
     row = m.run_row("r", table, 4, TOKENS[4:5], 0, spec_row=True)
     assert row.read_column == 1 and row.read_state == TRUTH.at(4)
+
+
+def test_truth_shortcut_gives_exactly_what_token_by_token_extension_gives():
+    """PrefixStates.advance answers from the chain only for the true state and the true next
+    tokens; a wrong start, wrong tokens or a run past the chain fall back to extending."""
+    cases = [
+        (TRUTH.at(3), TOKENS[3:9]),  # the common case: served from the chain
+        (TRUTH.at(2), TOKENS[3:9]),  # a truncated state running the next chunk's tokens
+        (EMPTY, TOKENS[5:8]),  # an empty state mid-sequence
+        (TRUTH.at(3), [t + 1 for t in TOKENS[3:9]]),  # other tokens
+        (TRUTH.at(len(TOKENS) - 2), TOKENS[-2:] + [5, 6]),  # past the end of the chain
+        (ZEROED, TOKENS[:4]),
+    ]
+    for start, tokens in cases:
+        assert TRUTH.advance(start, tokens) == start.extend(tokens)
+    assert TRUTH.advance(TRUTH.at(3), TOKENS[3:9]) == TRUTH.at(9)
+
+
+def test_the_model_reports_which_blocks_it_wrote_since_it_was_last_asked():
+    m = model()
+    m.run_row("r", [11, 12, 13], 0, TOKENS[:6], 0)
+    m.zero_blocks([20])
+    assert m.take_dirty() == {12, 20}
+    assert m.take_dirty() == set()
