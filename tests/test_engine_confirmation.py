@@ -57,6 +57,7 @@ def _copy(src: Path, tmp_path: Path) -> Path:
 def test_finding_gets_one_record_under_its_split(tmp_path, fake, capsys):
     path = _copy(UPSTREAM, tmp_path)
     before = json.loads(path.read_text())
+    before["finding"].pop(corpus.ENGINE_CONFIRMATION, None)  # corpus/ carries one already: it is replaced
     fake.verdicts = {"fixed": "diverged"}
     assert main(["corpus", "confirm-engine", str(path)]) == 1  # a divergence is a finding
     after = json.loads(path.read_text())
