@@ -188,7 +188,9 @@ def cmd_minimize(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else Path(args.file).with_suffix(".min.json")
     print(f"minimizing {args.file} ({sig}), size {case.scenario.size()}", flush=True)
     result = minimize(case.scenario, still_fails, time_budget=args.budget)
-    meta = dict(case.extra.get("finding", {}) or {}, signature=sig, split=args.split, message=first.primary.message,
+    final = evaluate(result.scenario, args.split, efficiency=False).verdict  # its message names its own chunks
+    message = final.primary.message if not final.clean else first.primary.message
+    meta = dict(case.extra.get("finding", {}) or {}, signature=sig, split=args.split, message=message,
                 repro=f"mambafuzz repro {out} --split {args.split}")
     meta.pop(corpus.ENGINE_CONFIRMATION, None)  # it was about the scenario before minimization
     atomic_write(out, case_json(result.scenario, case.expected or None, note=case.extra.get("note"), finding=meta))

@@ -178,6 +178,10 @@ def test_minimize_confirm_engine_records_on_the_minimized_file(tmp_path, fake, c
     rec = small["finding"][corpus.ENGINE_CONFIRMATION]
     assert fake.calls == ["prefix"] and rec["status"] == "skipped" and rec["split"] == "prefix"
     assert "[split prefix] engine: SKIPPED: fake skipped" in capsys.readouterr().out
+    from fuzz.pipeline import evaluate  # the message describes the minimized scenario, not the input
+
+    minimized = corpus.load_case(tmp_path / "big.min.json").scenario
+    assert small["finding"]["message"] == evaluate(minimized, "prefix", efficiency=False).verdict.primary.message
     fake.calls.clear()  # without the flag: no confirmation, and the input's stale one is not copied
     assert main(["minimize", str(path), "--split", "prefix", "--budget", "3", "-o", str(tmp_path / "b.json")]) == 1
     assert fake.calls == [] and corpus.ENGINE_CONFIRMATION not in json.loads((tmp_path / "b.json").read_text())["finding"]
