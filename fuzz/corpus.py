@@ -19,18 +19,9 @@ MAX_FILE_BYTES = 1 << 20
 KNOWN_KINDS = ("clean", "slot_hash", "resume_state", "stale_read", "output_divergence", "stall", "vllm_crash")
 
 
-# Case-level fields that belong to the file, not to the scenario (fuzz.scenario.from_json does
-# not know them): the engine tier's verdicts per split for cases without a `finding` block
-# (see fuzz/engine_tier/confirmation.py).  Findings keep theirs inside `finding`.
+# The engine tier's verdicts per split, for cases without a `finding` block (findings keep
+# theirs inside `finding`; see fuzz/engine_tier/confirmation.py).
 ENGINE_CONFIRMATION = "engine_confirmation"
-CASE_ONLY_FIELDS = (ENGINE_CONFIRMATION,)
-
-
-def scenario_fields(raw: Any) -> Any:
-    """`raw` (parsed case JSON) without the case-only fields, for fuzz.scenario.from_json."""
-    if isinstance(raw, dict) and any(k in raw for k in CASE_ONLY_FIELDS):
-        return {k: v for k, v in raw.items() if k not in CASE_ONLY_FIELDS}
-    return raw
 
 
 class CaseError(ValueError):
@@ -53,7 +44,7 @@ def parse_case(text: str, where: str) -> Case:
     except RecursionError:
         raise CaseError(f"{where}: not valid JSON (nested too deeply)") from None
     try:
-        scenario = from_json(scenario_fields(raw))
+        scenario = from_json(raw)
     except ScenarioError as exc:
         raise CaseError(f"{where}: {'; '.join(exc.problems)}") from None
     confirmation = raw.get(ENGINE_CONFIRMATION)

@@ -16,7 +16,6 @@ import sys
 import time
 
 from fuzz import generate
-from fuzz.corpus import scenario_fields
 from fuzz.finding_store import FindingStore, known_signatures
 from fuzz.pipeline import evaluate
 from fuzz.scenario import Scenario, ScenarioError, from_json, validate
@@ -30,7 +29,7 @@ def decode_json_case(data: bytes) -> Scenario | None:
         return None
     try:
         raw = json.loads(data)
-        return from_json(scenario_fields(raw))
+        return from_json(raw)
     except (ValueError, RecursionError, ScenarioError, TypeError, AttributeError):
         return None
 
