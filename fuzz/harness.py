@@ -81,7 +81,9 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
     if not prefix_caching:
         engine = _without_prefix_caching(engine)
     num_blocks = engine.num_gpu_blocks or ample_pool_blocks(scenario)
-    trace = Trace(split=split_name, prefix_caching=prefix_caching, step_bound=scenario.liveness_bound())
+    trace = Trace(split=split_name, prefix_caching=prefix_caching, step_bound=scenario.liveness_bound(),
+                  mamba_block_size=engine.mamba_block_size,
+                  internal_checkpoints=engine.enable_prefix_caching and engine.num_prefill_checkpoint_blocks > 0)
     try:
         session = vb.SchedulerSession(engine, num_blocks, scenario.max_model_len(), split)
     except vb.ConfigRejected as exc:

@@ -50,11 +50,16 @@ def check_slot_hashes(trace: Trace) -> Finding | None:
             if e.held != e.claimed:
                 rel = _relation(e.held, e.claimed)
                 writer, cause = last_write(trace, e.block_id, rec.step)
-                # Did a row that ran across the claimed boundary also export an internal prefill
-                # checkpoint? That separates the checkpoint-exemption class from plain
-                # fragmented chunks.
-                crossing = {c.request_id for c in rec.chunks if c.start < e.claimed.num_tokens < c.end}
-                if any(w.request_id in crossing and w.cause == "checkpoint" for w in rec.writes):
+                # "+ckpt": a row ran across the claimed boundary and either exported an internal
+                # prefill checkpoint, or started mid-block in an engine that exports them (the
+                # split's checkpoint exemption can be decided for a chunk that is clipped later
+                # and then writes none). That separates the checkpoint-exemption class from
+                # plain fragmented chunks.
+                crossing = [c for c in rec.chunks if c.start < e.claimed.num_tokens < c.end]
+                crossing_ids = {c.request_id for c in crossing}
+                mid_block = trace.internal_checkpoints and trace.mamba_block_size and any(
+                    c.start % trace.mamba_block_size for c in crossing)
+                if mid_block or any(w.request_id in crossing_ids and w.cause == "checkpoint" for w in rec.writes):
                     cause += "+ckpt"
                 return SlotHashMismatch(
                     f"step {rec.step}: mamba block {e.block_id} (slot {e.column} of {e.claimed_by}) is published "

@@ -96,6 +96,9 @@ class Trace:
     hit_bound: bool = False
     timed_out: bool = False  # the wall-clock bound, not the step bound, ended the run
     crash: Crash | None = None
+    # the engine facts the oracle's signatures need
+    mamba_block_size: int = 0
+    internal_checkpoints: bool = False  # the mamba spec exports internal prefill checkpoints
     # efficiency counters, for the differential against a reference split
     forward_steps: int = 0
     hashed_snapshots: int = 0

@@ -50,6 +50,25 @@ def test_slot_hash_fires_on_poisoned_block_and_names_the_writer():
     assert "last written at step 0 by r0 [chunk-end]" in f.message
 
 
+def test_slot_hash_labels_a_mid_block_crossing_in_a_checkpointing_engine_as_the_checkpoint_class():
+    """A chunk 4..20 over 16-token blocks published as state@16 while holding state@4: "+ckpt"
+    when the engine exports internal prefill checkpoints (the exemption class, even when the
+    clipped chunk wrote no checkpoint), or when the crossing row wrote one; plain otherwise."""
+    def poisoned(internal_checkpoints, writes_checkpoint=False):
+        t = Trace(split="fixed", prefix_caching=True, step_bound=50, mamba_block_size=16,
+                  internal_checkpoints=internal_checkpoints)
+        writes = [SlotWrite("r0", 0, 7, TRUTH.at(4), "connector")]
+        if writes_checkpoint:
+            writes.append(SlotWrite("r0", 1, 8, TRUTH.at(20), "checkpoint"))
+        t.steps = [StepRecord(0, chunks=[chunk(4, 16)], writes=writes,
+                              cache=[CacheEntry(7, 0, TRUTH.at(16), TRUTH.at(4), "r0", True, True, 16)])]
+        return oracle.check_slot_hashes(t).signature
+
+    assert poisoned(internal_checkpoints=False) == "slot_hash:short/connector"
+    assert poisoned(internal_checkpoints=True) == "slot_hash:short/connector+ckpt"
+    assert poisoned(internal_checkpoints=False, writes_checkpoint=True) == "slot_hash:short/connector+ckpt"
+
+
 def test_slot_hash_fires_on_wrong_recorded_count():
     t = clean_trace()
     t.steps[0].cache = [CacheEntry(7, 0, TRUTH.at(16), TRUTH.at(16), "r0", True, True, 32)]
