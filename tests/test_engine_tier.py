@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fuzz.scenario import EngineConfig, RequestSpec, Scenario, validate
+from fuzz.scenario import loads as scenario_loads
 
 SEEDS = sorted(glob.glob(str(Path(__file__).resolve().parent.parent / "corpus" / "seeds" / "*.json")))
 BLOCK = 256
@@ -36,28 +37,10 @@ def _engine(**kw) -> EngineConfig:
     return EngineConfig(**base)
 
 
-# Small scenarios the CPU engine runs faithfully (corpus/seeds use blocks below its floor or
-# features it lacks); grouped by engine config so that engines are reused.
-BUILT = {
-    "concurrent_prefills": Scenario(engine=_engine(), token_seed=1, requests=[
-        RequestSpec(unique_len=300, max_tokens=6), RequestSpec(unique_len=700, max_tokens=4),
-        RequestSpec(unique_len=450, max_tokens=8)]),
-    "shared_prefix_hits": Scenario(engine=_engine(), prefixes=[600], token_seed=2, requests=[
-        RequestSpec(prefix_ids=[0], unique_len=40, max_tokens=5),
-        RequestSpec(arrival_step=6, prefix_ids=[0], unique_len=90, max_tokens=5),
-        RequestSpec(arrival_step=8, prefix_ids=[0], unique_len=10, max_tokens=5)]),
-    "aborts_staggered": Scenario(engine=_engine(), token_seed=3, requests=[
-        RequestSpec(unique_len=900, max_tokens=4, abort_step=1),
-        RequestSpec(unique_len=200, max_tokens=30, abort_step=10),
-        RequestSpec(arrival_step=3, unique_len=400, max_tokens=6)]),
-    "fine_unit_partial_hits": Scenario(engine=_engine(prefix_match_unit=16), prefixes=[520], token_seed=4, requests=[
-        RequestSpec(prefix_ids=[0], unique_len=1, max_tokens=3),
-        RequestSpec(arrival_step=5, prefix_ids=[0], unique_len=100, max_tokens=4),
-        RequestSpec(arrival_step=5, prefix_ids=[0], unique_len=300, max_tokens=3)]),
-    "dense_retention": Scenario(engine=_engine(prefix_cache_retention_interval=None), prefixes=[800], token_seed=6,
-                                requests=[RequestSpec(prefix_ids=[0], unique_len=20, max_tokens=2),
-                                          RequestSpec(arrival_step=4, prefix_ids=[0], unique_len=60, max_tokens=2)]),
-}
+# The seeds the CPU engine runs faithfully (corpus/seeds/engine_*.json; the other seeds use
+# blocks below its floor or features it lacks), grouped by engine config so engines are reused.
+BUILT = {Path(p).stem.removeprefix("engine_"): scenario_loads(Path(p).read_text())
+         for p in SEEDS if Path(p).stem.startswith("engine_")}
 
 # Poisons without spec decode under naive_split: r0's first chunk ends at 200 (budget), the
 # second crosses 256, so slot 0 is published as state@256 holding state@200; r1 hits it.
