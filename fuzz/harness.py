@@ -146,6 +146,7 @@ class _Runner:
                 self.aborts_at.setdefault(r.abort_step, []).append(rid)
         self.last_arrival = max((r.arrival_step for r in scenario.requests), default=-1)
         self.book = _HashBook(session.hash_block_size)
+        self.unadmitted: set[str] = set()  # live requests not (or no longer) admitted: the only ones an admission can be
         self.known_entries: set[tuple[bytes, int]] = set()
         if session.connector is not None and prefix_caching:
             session.connector.plan = {
@@ -187,6 +188,7 @@ class _Runner:
             rid, r = self.ids[i], self.s.requests[i]
             prompt = self.s.prompt_tokens(i)
             self.live[rid] = _Live(i, PrefixStates.for_prompt(prompt))
+            self.unadmitted.add(rid)
             session.add_request(rid, prompt, r.max_tokens, float(step))
             rec.arrivals.append(rid)
         aborts = [rid for rid in self.aborts_at.get(step, ()) if rid in self.live and self._unfinished(rid)]
@@ -196,7 +198,7 @@ class _Runner:
             for rid in aborts:
                 self.trace.finish_status[rid] = "FINISHED_ABORTED"
 
-        waiting_before = {rid for rid in self.live if self._waiting_fresh(rid)}
+        waiting_before = {rid for rid in self.unadmitted if self._waiting_fresh(rid)}
         out = session.schedule()
         connector_orders = self._drain_connector()
 
@@ -205,6 +207,7 @@ class _Runner:
         rec.preempted = sorted(session.preempted(out))
         for rid in rec.preempted:
             self.live[rid].admitted = False
+            self.unadmitted.add(rid)
         for b in session.blocks_to_zero(out):
             self.model.zero_blocks([b])
         for src, dst in session.block_copies(out):
@@ -224,6 +227,7 @@ class _Runner:
             rec.admissions.append(Admission(rid, start - ext, ext, bool(order and order.load_async)))
             self.trace.prefix_hit_tokens += start - ext
             self.live[rid].admitted = True
+            self.unadmitted.discard(rid)
             self.live[rid].first_chunk_pending = True
             if order is not None and not order.load_async:
                 self._connector_load(rec, rid, start)
@@ -327,7 +331,10 @@ class _Runner:
     def _after_update(self, rec: StepRecord, scheduled: dict[str, int]) -> None:
         drafts: dict[str, list[int]] = {}
         step = rec.step
+        done = self.trace.finish_status
         for rid, live in self.live.items():
+            if rid in done:  # finished or aborted at an earlier step: nothing new to read
+                continue
             req = self.session.request(rid)
             if req is None:
                 continue
