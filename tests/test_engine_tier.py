@@ -14,6 +14,7 @@ import argparse
 import glob
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -345,3 +346,44 @@ def test_cli_engine_repro_exit_codes(engine_cache, tmp_path, monkeypatch, capsys
     assert _cli(["engine-repro", "--split", "engine_tier_bad_split:naive", "--json", str(scenario)]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "diverged" and out["schedule_match"] is True
+
+
+@pytest.mark.engine
+def test_audit_loads_through_the_documented_switch_in_a_fresh_engine_process():
+    """MAMBAFUZZ_AUDIT=1 and nothing else: vLLM's own plugin loader finds the
+    `vllm.general_plugins` entry point when the engine starts, and the audit counts poisoned
+    entries in that engine's scheduler (none on fixed; one per mamba group under a poisoning
+    split). Without the variable the same engine carries no audit."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from fuzz.engine_tier import engines, audit_plugin
+        from fuzz.engine_tier.engine_repro import replay
+        from tests.test_engine_tier import BUILT, POISON, naive_split
+        out = {{}}
+        for name, s, split in (("fixed", BUILT["shared_prefix_hits"], None), ("naive", POISON, naive_split)):
+            handle = engines.get_engine(engines.EngineSpec.for_scenario(s, True))
+            replay(handle, s, split)
+            a = audit_plugin.audit_of(handle.scheduler)
+            out[name] = None if a is None else [a.checked, a.count]
+        print("RESULT " + json.dumps(out))
+    """)
+
+    def run(enabled: bool) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != "MAMBAFUZZ_AUDIT"}
+        if enabled:
+            env["MAMBAFUZZ_AUDIT"] = "1"
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        assert line is not None, proc.stderr[-2000:]
+        return json.loads(line[len("RESULT "):])
+
+    on = run(True)
+    assert on["fixed"][0] > 0 and on["fixed"][1] == 0
+    assert on["naive"][1] == 3
+    assert run(False) == {"fixed": None, "naive": None}
