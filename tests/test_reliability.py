@@ -155,11 +155,18 @@ def test_atomic_write_replaces_whole_files(tmp_path):
     assert json.loads(p.read_text()) == {"a": 1} and [q.name for q in tmp_path.iterdir()] == ["x.json"]
 
 
+def _sigint_default() -> None:
+    # A shell without job control starts background jobs with SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler: give the child the terminal's default, as Ctrl-C
+    # at a prompt would find it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_ends_a_fuzz_run_with_its_summary(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "fuzz.cli", "fuzz", "--split", "prefix", "--engine", "random",
                              "--max-time", "300", "--corpus", str(tmp_path / "c"), "--seeds", "--known",
                              "--findings", str(tmp_path / "f")], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=_sigint_default)
     deadline = time.monotonic() + 120
     seen = ""
     while time.monotonic() < deadline:
