@@ -26,7 +26,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("MAMBAFUZZ_ENGINE
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from fuzz.scenario import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, Scenario  # noqa: E402
+from fuzz.scenario import MAMBA_GROUPS, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, Scenario  # noqa: E402
 
 SPLIT_METHOD = "_mamba_block_aligned_split"
 # One max_model_len for every engine with an ample pool, so that scenarios of different
@@ -34,8 +34,9 @@ SPLIT_METHOD = "_mamba_block_aligned_split"
 SHARED_MAX_MODEL_LEN = MAX_PROMPT_TOKENS + MAX_OUTPUT_TOKENS + 16
 # Engines kept alive at once (a cached/uncached pair per config); each holds its KV pool.
 CACHE_CAPACITY = int(os.environ.get("MAMBAFUZZ_ENGINE_CACHE", "4"))
-# The qwen3_next engine builds one KV-cache group per layer: 3 mamba groups + 1 attention.
-NUM_MAMBA_GROUPS = 3
+# The qwen3_next engine builds one KV-cache group per layer: 3 mamba groups + 1 attention (the harness
+# builds the same grouping; fuzz.scenario.MAMBA_GROUPS).
+NUM_MAMBA_GROUPS = MAMBA_GROUPS
 
 
 class EngineStartError(RuntimeError):
