@@ -34,7 +34,7 @@ from vllm.config import (  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import (  # noqa: E402
-    KVCacheBlock,  # noqa: E402
+    KVCacheBlock,
     _get_kv_cache_groups_uniform_page_size,
     get_block_hash,
     get_request_block_hasher,
@@ -298,14 +298,10 @@ class SchedulerSession:
 
     @staticmethod
     def mamba_entry(key: bytes, block: KVCacheBlock) -> CachedMambaEntry:
+        """One (key, block) pair of `cached_mamba_blocks`, described."""
         primary = block.block_hash == key
         return CachedMambaEntry(bytes(get_block_hash(key)), block.block_id, primary,
                                 block.block_hash_num_tokens if primary else None)
-
-    def cached_mamba_entries(self) -> Iterator[CachedMambaEntry]:
-        """Every live prefix-cache key of the mamba group, with the block it points at."""
-        for key, block in self.cached_mamba_blocks():
-            yield self.mamba_entry(key, block)
 
     @staticmethod
     def block_copies(out: SchedulerOutput) -> list[tuple[int, int]]:
