@@ -27,7 +27,6 @@ class _Live:
 
     index: int
     truth: PrefixStates
-    admitted: bool = False
     first_chunk_pending: bool = False
 
 
@@ -146,7 +145,8 @@ class _Runner:
                 self.aborts_at.setdefault(r.abort_step, []).append(rid)
         self.last_arrival = max((r.arrival_step for r in scenario.requests), default=-1)
         self.book = _HashBook(session.hash_block_size)
-        self.unadmitted: set[str] = set()  # live requests not (or no longer) admitted: the only ones an admission can be
+        # live requests not admitted yet, or preempted since: the only ones an admission can be
+        self.unadmitted: set[str] = set()
         self.known_entries: set[tuple[bytes, int]] = set()
         if session.connector is not None and prefix_caching:
             session.connector.plan = {
@@ -206,7 +206,6 @@ class _Runner:
         self.model.forget_requests(session.dropped_worker_state(out))
         rec.preempted = sorted(session.preempted(out))
         for rid in rec.preempted:
-            self.live[rid].admitted = False
             self.unadmitted.add(rid)
         for b in session.blocks_to_zero(out):
             self.model.zero_blocks([b])
@@ -226,7 +225,6 @@ class _Runner:
             ext = order.num_external_tokens if order else 0
             rec.admissions.append(Admission(rid, start - ext, ext, bool(order and order.load_async)))
             self.trace.prefix_hit_tokens += start - ext
-            self.live[rid].admitted = True
             self.unadmitted.discard(rid)
             self.live[rid].first_chunk_pending = True
             if order is not None and not order.load_async:
@@ -257,7 +255,7 @@ class _Runner:
 
     def _waiting_fresh(self, rid: str) -> bool:
         req = self.session.request(rid)
-        return req is not None and not req.is_finished() and not self.live[rid].admitted
+        return req is not None and not req.is_finished() and rid in self.unadmitted
 
     def _drain_connector(self) -> dict:
         conn = self.session.connector
