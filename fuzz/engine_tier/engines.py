@@ -34,9 +34,6 @@ SPLIT_METHOD = "_mamba_block_aligned_split"
 SHARED_MAX_MODEL_LEN = MAX_PROMPT_TOKENS + MAX_OUTPUT_TOKENS + 16
 # Engines kept alive at once (a cached/uncached pair per config); each holds its KV pool.
 CACHE_CAPACITY = int(os.environ.get("MAMBAFUZZ_ENGINE_CACHE", "4"))
-# The qwen3_next engine builds one KV-cache group per layer: 3 mamba groups + 1 attention (the harness
-# builds the same grouping; fuzz.scenario.MAMBA_GROUPS).
-NUM_MAMBA_GROUPS = MAMBA_GROUPS
 
 
 class EngineStartError(RuntimeError):
@@ -172,7 +169,7 @@ def ample_for_engine(s: Scenario, num_blocks: int) -> bool:
     need = 0
     for i, r in enumerate(s.requests):
         n = s.prompt_len(i) + r.max_tokens + 1
-        need += math.ceil(n / e.mamba_block_size) * (1 + NUM_MAMBA_GROUPS) + 2 * NUM_MAMBA_GROUPS
+        need += math.ceil(n / e.mamba_block_size) * (1 + MAMBA_GROUPS) + 2 * MAMBA_GROUPS
     return num_blocks >= 2 * need + 16
 
 
