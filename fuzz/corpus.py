@@ -60,22 +60,26 @@ def parse_case(text: str, where: str) -> Case:
     return Case(Path(where), scenario, dict(expected), extra)
 
 
-def load_case(path: str | os.PathLike) -> Case:
+def read_case_text(path: str | os.PathLike) -> str:
+    """A case file's text, with every way of not getting it as a one-line CaseError."""
     p = Path(path)
     try:
         if not p.is_file():
             raise CaseError(f"{p}: not a regular file" if p.exists() else f"{p}: no such file")
         if p.stat().st_size > MAX_FILE_BYTES:
             raise CaseError(f"{p}: larger than {MAX_FILE_BYTES} bytes")
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except CaseError:
         raise
     except UnicodeDecodeError:
         raise CaseError(f"{p}: not UTF-8 text") from None
     except OSError as exc:
         raise CaseError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    case = parse_case(text, str(p))
-    case.path = p
+
+
+def load_case(path: str | os.PathLike) -> Case:
+    case = parse_case(read_case_text(path), str(path))
+    case.path = Path(path)
     return case
 
 

@@ -7,8 +7,8 @@ Where the verdict goes (one rule per kind of file):
   otherwise;
 - a case without one (corpus/regressions, seeds): a top-level `engine_confirmation` object
   keyed by split, one entry per split of its `expected` table (or `fixed` when it has none),
-  since such a case is a claim about several splits.  fuzz.corpus strips this field before
-  scenario validation and keeps it in `Case.extra`.
+  since such a case is a claim about several splits.  The scenario format knows the field,
+  and fuzz.corpus keeps it in `Case.extra`.
 
 Each record is compact and deterministic (no timings, no date), so re-running the command on
 an unchanged corpus rewrites identical bytes:
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fuzz.corpus import ENGINE_CONFIRMATION, CaseError, atomic_write, parse_case
+from fuzz.corpus import ENGINE_CONFIRMATION, CaseError, atomic_write, parse_case, read_case_text
 
 STATUSES = ("diverged", "agreed", "skipped", "crashed")
 SPLIT_ORDER = ("fixed", "prefix", "realign")
@@ -111,12 +111,7 @@ def _default_confirm(scenario: Any, split: str) -> dict[str, Any]:
 
 def _read(path: Path) -> tuple[dict[str, Any], Any]:
     """(the file's JSON object, its scenario); CaseError for anything unusable."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise CaseError(f"{path}: not UTF-8 text") from None
-    except OSError as exc:
-        raise CaseError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    text = read_case_text(path)
     case = parse_case(text, str(path))
     return json.loads(text), case.scenario
 
