@@ -321,7 +321,7 @@ def _after_schedule(sched: Any, audit: SchedulerAudit, out: Any) -> None:
         for gid, model in audit.models.items():
             if loaded:  # the connector put the state of the first `start` tokens in that column
                 model.load_external(tables[gid], start, truth.at(start))
-            model.run_row(rid, tables[gid], start, tokens, len(drafts), spec_row)
+            model.run_row(rid, tables[gid], start, tokens, len(drafts), spec_row, truth)
         if audit.spec_engine:  # post-processed after the forward, with these tables (a finished
             audit.spec_rows[rid] = (start, n, len(drafts), tables)  # request's blocks are freed by then)
     for rid in out.finished_req_ids:
