@@ -59,3 +59,50 @@ def test_connector_tokens_come_through_the_real_connector():
     assert adm.external_tokens == 70 and adm.local_hit_tokens == 0
     assert trace.steps[0].chunks[0].start == 70 and trace.steps[0].chunks[0].end == 128
     assert any(w.cause == "connector" for w in trace.steps[0].writes)
+
+
+def test_the_retention_interval_reaches_vllm():
+    """The first-chunk poisoning needs vLLM to keep the 1600-token boundary: dense retention
+    keeps it; the default sparse retention (0) keeps only the replay boundary, which under MTP is
+    below the first block, so the same schedule publishes nothing there."""
+    dense = first_chunk_scenario()
+    sparse = dataclasses.replace(dense, engine=dataclasses.replace(dense.engine, prefix_cache_retention_interval=0))
+    assert evaluate(dense, "prefix").verdict.kind == "slot_hash"
+    assert evaluate(sparse, "prefix").verdict.clean
+
+
+def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
+    """The per-step audit skips entries it has already judged unless the kernel model wrote
+    their block that step: a block overwritten after publication shows up again, poisoned."""
+    from types import SimpleNamespace
+
+    from fuzz.harness import _HashBook, _Runner
+    from fuzz.kernel_model import KernelGeometry, KernelModel
+    from fuzz.state import PrefixStates
+    from fuzz.trace import StepRecord, Trace
+
+    truth = PrefixStates(list(range(1, 20)))
+    key = b"h" * 32 + bytes(4)  # a block hash plus the 4-byte group id vLLM appends
+    block = SimpleNamespace(block_id=7, block_hash=key, block_hash_num_tokens=8)
+    runner = object.__new__(_Runner)
+    runner.live, runner.known_entries = {}, set()
+    runner.s = SimpleNamespace(engine=SimpleNamespace(mamba_block_size=8))
+    runner.trace = Trace(split="fixed", prefix_caching=True)
+    runner.session = SimpleNamespace(cached_mamba_blocks=lambda: iter([(key, block)]))
+    runner.book = _HashBook(8)
+    runner.book.truth[key[:-4]] = ("r0", truth.at(8))
+    runner.model = KernelModel(KernelGeometry(block_size=8, hash_block_size=8, checkpoint_alignment=None,
+                                              cache_hit_alignment_tokens=8, drop_eagle_block=False,
+                                              null_block_id=0, vocab_size=1024))
+
+    def step(write=None):
+        if write is not None:
+            runner.model.load_external([7], 8, write)
+        rec = StepRecord(0)
+        runner._audit_cache(rec)
+        return [(e.new, e.held) for e in rec.cache]
+
+    assert step(truth.at(8)) == [(True, truth.at(8))]  # published, correct
+    assert step() == []  # nothing written: nothing to judge again
+    assert step(truth.at(5)) == [(False, truth.at(5))]  # overwritten: judged again, now poisoned
+    assert runner.trace.hashed_snapshots == 1
