@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fuzz import vllm_bridge as vb
@@ -41,8 +42,10 @@ class _HashBook:
         self.truth: dict[bytes, tuple[str, State]] = {}
         self._seen: dict[str, int] = {}
 
-    def learn(self, rid: str, hashes: list[bytes], truth: PrefixStates) -> None:
+    def learn(self, rid: str, hashes: Sequence[bytes], truth: PrefixStates) -> None:
         start = self._seen.get(rid, 0)
+        if len(hashes) <= start:
+            return
         for i in range(start, len(hashes)):
             length = (i + 1) * self.unit
             if length <= len(truth):
@@ -204,11 +207,11 @@ class _Runner:
 
         # The worker forgets dropped requests, zeroes fresh blocks, then applies CoW copies.
         self.model.forget_requests(session.dropped_worker_state(out))
-        rec.preempted = sorted(session.preempted(out))
-        for rid in rec.preempted:
-            self.unadmitted.add(rid)
-        for b in session.blocks_to_zero(out):
-            self.model.zero_blocks([b])
+        preempted = session.preempted(out)
+        if preempted:
+            rec.preempted = sorted(preempted)
+            self.unadmitted.update(preempted)
+        self.model.zero_blocks(session.blocks_to_zero(out))
         for src, dst in session.block_copies(out):
             self.model.copy_blocks([(src, dst)])
             rec.writes.append(SlotWrite("-", -1, dst, self.model.state_of(dst), "cow"))
@@ -236,12 +239,13 @@ class _Runner:
         for rid in scheduled:  # dict order is the batch order vLLM built
             sampled[rid] = self._run_row(rec, rid, scheduled[rid], spec_tokens.get(rid, []))
 
-        recv_done = {rid for rid, o in connector_orders.items() if o.load_async}
-        for rid in sorted(recv_done):
-            req = session.request(rid)
-            if req is not None and vb.is_waiting_for_remote_kv(req):
-                self._connector_load(rec, rid, req.num_computed_tokens)
-        rec.recv_done = sorted(recv_done)
+        recv_done = {rid for rid, o in connector_orders.items() if o.load_async} if connector_orders else set()
+        if recv_done:
+            for rid in sorted(recv_done):
+                req = session.request(rid)
+                if req is not None and vb.is_waiting_for_remote_kv(req):
+                    self._connector_load(rec, rid, req.num_computed_tokens)
+            rec.recv_done = sorted(recv_done)
 
         session.feed(out, sampled, recv_done)
         self._after_update(rec, scheduled)
@@ -276,7 +280,9 @@ class _Runner:
         live = self.live[rid]
         start = req.num_computed_tokens - n  # schedule() already advanced it
         base = n - len(drafts)
-        tokens = live.truth.tokens[start : start + base] + list(drafts)
+        tokens = live.truth.tokens[start : start + base]  # a fresh list
+        if drafts:
+            tokens += drafts
         if not self.prefix_caching:
             return self._ideal_row(live, start, tokens, len(drafts), req)
         table = self.session.mamba_block_ids(rid)

@@ -147,12 +147,15 @@ class KernelModel:
         if not spec_row:
             read_col = curr
             start = self.state_of(table[curr]) if num_computed > 0 else EMPTY
-            head = extend(start, tokens[: len(tokens) - num_drafts - 1])
-            outputs = []  # the sampler reads the last real position and every draft position
-            final = head
-            for tok in tokens[len(tokens) - num_drafts - 1 :]:
-                final = final.extend([tok])
-                outputs.append(next_token(final, self.g.vocab_size))
+            if not num_drafts:  # the sampler reads the last position only
+                final = extend(start, tokens)
+                outputs = [next_token(final, self.g.vocab_size)]
+            else:  # ... and every draft position
+                final = extend(start, tokens[: len(tokens) - num_drafts - 1])
+                outputs = []
+                for tok in tokens[len(tokens) - num_drafts - 1 :]:
+                    final = final.extend([tok])
+                    outputs.append(next_token(final, self.g.vocab_size))
             if self._write(table[curr], final):
                 writes.append((curr, table[curr], final, "chunk-end"))
             self._maybe_checkpoint(table, num_computed, seq_len, start, tokens, writes, extend)

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import os
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -279,9 +279,10 @@ class SchedulerSession:
     def mamba_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._mamba_manager.req_to_blocks.get(request_id, ())]
 
-    def block_hashes(self, request_id: str) -> list[bytes]:
+    def block_hashes(self, request_id: str) -> Sequence[bytes]:
+        """The request's block hashes so far (vLLM's own list: read it, don't keep it)."""
         req = self._requests.get(request_id)
-        return list(req.block_hashes) if req is not None else []
+        return req.block_hashes if req is not None else ()
 
     def cached_mamba_blocks(self) -> Iterator[tuple[bytes, KVCacheBlock]]:
         """(key, block) for every live prefix-cache key of the mamba group: the raw form, so the
@@ -315,13 +316,16 @@ class SchedulerSession:
     def dropped_worker_state(out: SchedulerOutput) -> set[str]:
         """Requests whose worker-side running-state index is forgotten this step
         (mirrors vllm/v1/worker/mamba_utils.py:cleanup_mamba_state_idx)."""
-        return set(out.finished_req_ids) | set(out.preempted_req_ids or ()) | set(
-            out.scheduled_cached_reqs.resumed_req_ids or ()
-        )
+        dropped = set(out.finished_req_ids)
+        if out.preempted_req_ids:
+            dropped.update(out.preempted_req_ids)
+        if out.scheduled_cached_reqs.resumed_req_ids:
+            dropped.update(out.scheduled_cached_reqs.resumed_req_ids)
+        return dropped
 
     @staticmethod
-    def spec_tokens(out: SchedulerOutput) -> dict[str, list[int]]:
-        return dict(out.scheduled_spec_decode_tokens)
+    def spec_tokens(out: SchedulerOutput) -> Mapping[str, list[int]]:
+        return out.scheduled_spec_decode_tokens
 
     @staticmethod
     def preempted(out: SchedulerOutput) -> set[str]:
