@@ -127,8 +127,16 @@ class KernelModel:
                 spec_row: bool = False, truth: PrefixStates | None = None) -> RowResult:
         """Run `tokens` (the last `num_drafts` of them speculative) from `num_computed`;
         `spec_row` selects the speculative kernel path (see `is_spec_row`). `truth`, the request's
-        true prefix states, only makes extending a state cheaper; it never changes a result."""
-        extend = truth.advance if truth is not None else State.extend
+        true prefix states (whose tokens from `num_computed` on are `tokens` without the drafts),
+        only makes extending a state cheaper; it never changes a result."""
+        num_real = len(tokens) - num_drafts
+
+        def through(state: State, count: int) -> State:
+            """`state` extended by this row's first `count` tokens."""
+            if truth is not None and count <= num_real:
+                return truth.span(state, num_computed, num_computed + count)
+            return state.extend(tokens[:count])
+
         bs = self.g.block_size
         seq_len = num_computed + len(tokens)
         curr = cdiv(seq_len, bs) - 1
@@ -148,17 +156,17 @@ class KernelModel:
             read_col = curr
             start = self.state_of(table[curr]) if num_computed > 0 else EMPTY
             if not num_drafts:  # the sampler reads the last position only
-                final = extend(start, tokens)
+                final = through(start, len(tokens))
                 outputs = [next_token(final, self.g.vocab_size)]
             else:  # ... and every draft position
-                final = extend(start, tokens[: len(tokens) - num_drafts - 1])
+                final = through(start, num_real - 1)
                 outputs = []
                 for tok in tokens[len(tokens) - num_drafts - 1 :]:
                     final = final.extend([tok])
                     outputs.append(next_token(final, self.g.vocab_size))
             if self._write(table[curr], final):
                 writes.append((curr, table[curr], final, "chunk-end"))
-            self._maybe_checkpoint(table, num_computed, seq_len, start, tokens, writes, extend)
+            self._maybe_checkpoint(table, num_computed, seq_len, start, writes, through)
         else:
             read_col = curr + accepted - 1
             start = self.state_of(table[read_col]) if read_col < len(table) else UNSET
@@ -172,8 +180,8 @@ class KernelModel:
         return RowResult(read_col, table[read_col] if read_col < len(table) else -1, start, outputs, writes)
 
     def _maybe_checkpoint(self, table: list[int], num_computed: int, seq_len: int, start: State,
-                          tokens: list[int], writes: list[tuple[int, int, State, str]],
-                          extend: Callable[[State, list[int]], State] = State.extend) -> None:
+                          writes: list[tuple[int, int, State, str]],
+                          through: Callable[[State, int], State]) -> None:
         if self.g.checkpoint_alignment is None:
             return
         position = get_mamba_prefill_checkpoint_position(
@@ -186,7 +194,7 @@ class KernelModel:
         ):
             return
         column = cdiv(seq_len, self.g.block_size) - 2
-        state = extend(start, tokens[: position - num_computed])
+        state = through(start, position - num_computed)
         if self._write(table[column], state):
             writes.append((column, table[column], state, "checkpoint"))
 

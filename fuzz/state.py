@@ -7,14 +7,16 @@ came from the wrong tokens, or from too few of them, is told apart from the righ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 _MASK = (1 << 64) - 1
 _PRIME = 0x100000001B3
 
 
-@dataclass(frozen=True, slots=True)
-class State:
+class State(NamedTuple):
+    """Immutable and cheap: the harness builds several per scheduled row (a tuple's C-level
+    construction, equality and hash, where a frozen dataclass's are Python-level)."""
+
     num_tokens: int
     fingerprint: int
 
@@ -72,16 +74,14 @@ class PrefixStates:
     def at(self, length: int) -> State:
         return State(length, self._fps[length])
 
-    def advance(self, start: State, tokens: list[int]) -> State:
-        """`start.extend(tokens)`, answered from the chain when `start` is this sequence's true
-        state and `tokens` are its next tokens (the common case: O(1) plus a C-level list compare),
-        else computed token by token. Same result either way."""
-        n = start.num_tokens
-        end = n + len(tokens)
+    def span(self, start: State, begin: int, end: int) -> State:
+        """`start.extend(self.tokens[begin:end])`: O(1) when `start` is this sequence's true state
+        after `begin` tokens (the common case: a slot that holds what it should), else computed
+        token by token. Same result either way."""
         fps = self._fps
-        if 0 <= n and end < len(fps) and fps[n] == start.fingerprint and self._tokens[n:end] == tokens:
+        if start.num_tokens == begin and fps[begin] == start.fingerprint:
             return State(end, fps[end])
-        return start.extend(tokens)
+        return start.extend(self._tokens[begin:end])
 
     def __len__(self) -> int:
         return len(self._tokens)

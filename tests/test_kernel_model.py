@@ -1,7 +1,7 @@
 """The kernel model's rules, each on a tiny block table (block size 4)."""
 
-from fuzz.kernel_model import ZEROED, KernelGeometry, KernelModel
-from fuzz.state import EMPTY, PrefixStates
+from fuzz.kernel_model import UNSET, ZEROED, KernelGeometry, KernelModel
+from fuzz.state import EMPTY, PrefixStates, State
 
 TOKENS = list(range(1, 30))
 TRUTH = PrefixStates(TOKENS)
@@ -96,19 +96,40 @@ def test_a_zero_draft_decode_in_a_spec_engine_runs_on_the_speculative_path():
 
 
 def test_truth_shortcut_gives_exactly_what_token_by_token_extension_gives():
-    """PrefixStates.advance answers from the chain only for the true state and the true next
-    tokens; a wrong start, wrong tokens or a run past the chain fall back to extending."""
+    """PrefixStates.span answers from the chain only for the true state at the span's start;
+    a wrong count, a wrong fingerprint or a sentinel fall back to extending."""
     cases = [
-        (TRUTH.at(3), TOKENS[3:9]),  # the common case: served from the chain
-        (TRUTH.at(2), TOKENS[3:9]),  # a truncated state running the next chunk's tokens
-        (EMPTY, TOKENS[5:8]),  # an empty state mid-sequence
-        (TRUTH.at(3), [t + 1 for t in TOKENS[3:9]]),  # other tokens
-        (TRUTH.at(len(TOKENS) - 2), TOKENS[-2:] + [5, 6]),  # past the end of the chain
-        (ZEROED, TOKENS[:4]),
+        (TRUTH.at(3), 3, 9),  # the common case: served from the chain
+        (TRUTH.at(2), 3, 9),  # a truncated state running the next chunk's tokens
+        (EMPTY, 5, 8),  # an empty state mid-sequence
+        (State(3, TRUTH.at(3).fingerprint ^ 1), 3, 9),  # right count, other tokens
+        (TRUTH.at(4), 4, len(TOKENS)),  # up to the end of the chain
+        (ZEROED, 0, 4),
+        (UNSET, 2, 5),
     ]
-    for start, tokens in cases:
-        assert TRUTH.advance(start, tokens) == start.extend(tokens)
-    assert TRUTH.advance(TRUTH.at(3), TOKENS[3:9]) == TRUTH.at(9)
+    for start, begin, end in cases:
+        assert TRUTH.span(start, begin, end) == start.extend(TOKENS[begin:end]), (start, begin, end)
+    assert TRUTH.span(TRUTH.at(3), 3, 9) == TRUTH.at(9)
+
+
+def test_rows_run_with_the_truth_give_what_rows_run_without_it_give():
+    """The harness passes each row its request's truth; a poisoned slot, drafts and a
+    checkpoint must still come out exactly as token-by-token extension makes them."""
+    rows = [  # (rid, table, num_computed, tokens, num_drafts, spec_row)
+        ("a", [11, 12, 13, 14], 0, TOKENS[:6], 0, False),
+        ("a", [11, 12, 13, 14], 6, TOKENS[6:13], 0, False),  # checkpoint geometry below
+        ("b", [0, 12, 21, 22], 8, TOKENS[8:11], 0, False),  # resumes from block 12 (holds state@6)
+        ("a", [11, 12, 13, 14], 13, TOKENS[13:14] + [99, 98], 2, True),
+        ("a", [11, 12, 13, 14], 14, TOKENS[14:15] + [97], 1, False),  # drafts on the plain path
+        ("c", [31, 32, 33, 34, 35], 12, TOKENS[12:14] + [97, 96, 95], 3, False),  # a checkpoint among drafts
+    ]
+    for geometry in ({}, {"checkpoint_alignment": 4}):
+        with_truth, without = model(**geometry), model(**geometry)
+        for rid, table, start, tokens, drafts, spec in rows:
+            a = with_truth.run_row(rid, table, start, tokens, drafts, spec, TRUTH)
+            b = without.run_row(rid, table, start, tokens, drafts, spec)
+            assert a == b, (rid, start)
+        assert with_truth.held == without.held
 
 
 def test_the_model_reports_which_blocks_it_wrote_since_it_was_last_asked():
