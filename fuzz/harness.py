@@ -189,8 +189,8 @@ class _Runner:
         session = self.session
         for i in self.arrivals_at.get(step, ()):
             rid, r = self.ids[i], self.s.requests[i]
-            prompt = self.s.prompt_tokens(i)
-            self.live[rid] = _Live(i, PrefixStates.for_prompt(prompt))
+            prompt = self.s.prompt_tokens(i)  # the truth keeps this list; vLLM gets a copy
+            self.live[rid] = _Live(i, PrefixStates.for_prompt(prompt, self.s.prompt_key(i)))
             self.unadmitted.add(rid)
             session.add_request(rid, prompt, r.max_tokens, float(step))
             rec.arrivals.append(rid)

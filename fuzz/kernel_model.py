@@ -27,7 +27,8 @@ Each rule mirrors one piece of vLLM's worker code (paths inside the installed `v
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from vllm.v1.kv_cache_interface import (
     get_mamba_prefill_checkpoint_position,
@@ -55,15 +56,14 @@ class KernelGeometry:
     vocab_size: int
 
 
-@dataclass
-class RowResult:
+class RowResult(NamedTuple):
     """What one request's row did in one forward."""
 
     read_column: int
     read_block: int
     read_state: State
     outputs: list[int]  # the model's greedy token after each scheduled position
-    writes: list[tuple[int, int, State, str]] = field(default_factory=list)  # (column, block, state, cause)
+    writes: list[tuple[int, int, State, str]]  # (column, block, state, cause)
 
 
 class KernelModel:

@@ -105,6 +105,11 @@ class Scenario:
         tokens += _segment_tokens(self.token_seed, ("tail", index), spec.unique_len)
         return tokens
 
+    def prompt_key(self, index: int) -> tuple:
+        """What `prompt_tokens(index)` depends on: equal keys, equal prompts (a cheap cache key)."""
+        spec = self.requests[index]
+        return (self.token_seed, tuple((p, self.prefixes[p]) for p in spec.prefix_ids), index, spec.unique_len)
+
     def prompt_len(self, index: int) -> int:
         spec = self.requests[index]
         return sum(self.prefixes[p] for p in spec.prefix_ids) + spec.unique_len

@@ -7,6 +7,7 @@ came from the wrong tokens, or from too few of them, is told apart from the righ
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import NamedTuple
 
 _MASK = (1 << 64) - 1
@@ -33,7 +34,7 @@ class State(NamedTuple):
 EMPTY = State(0, 0xCBF29CE484222325)
 
 
-_PROMPT_CHAINS: dict[tuple[int, ...], list[int]] = {}
+_PROMPT_CHAINS: dict[Hashable, list[int]] = {}
 
 
 class PrefixStates:
@@ -48,19 +49,21 @@ class PrefixStates:
             self.append(tokens)
 
     @classmethod
-    def for_prompt(cls, prompt: list[int]) -> PrefixStates:
+    def for_prompt(cls, prompt: list[int], key: Hashable | None = None) -> PrefixStates:
         """Same as PrefixStates(prompt), reusing the chain computed for an identical prompt
-        (each evaluation runs the same prompts with prefix caching on and off)."""
-        key = tuple(prompt)
+        (each evaluation runs the same prompts with prefix caching on and off). `key`, when
+        given, must determine the prompt (a cheaper dict key than the tokens themselves).
+        Takes ownership of `prompt`."""
+        key = tuple(prompt) if key is None else key
         chain = _PROMPT_CHAINS.get(key)
-        if chain is None:
+        if chain is None or len(chain) != len(prompt) + 1:
             chain = cls(prompt)._fps
             if len(_PROMPT_CHAINS) >= 32:  # bounded: only the cached/uncached pair needs it
                 _PROMPT_CHAINS.pop(next(iter(_PROMPT_CHAINS)))
             _PROMPT_CHAINS[key] = chain
         states = cls()
         states._fps = list(chain)
-        states._tokens = list(prompt)
+        states._tokens = prompt
         return states
 
     def append(self, tokens: list[int]) -> None:

@@ -2,17 +2,19 @@
 
 The harness only gathers facts (what vLLM scheduled, which block the kernel model read and
 wrote, what the prefix cache claims); the oracles in `oracle.py` decide what is wrong.
+The per-row records are NamedTuples: immutable, and the cheapest records Python builds
+(the harness makes several per scheduled row).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fuzz.state import State
 
 
-@dataclass(frozen=True)
-class Chunk:
+class Chunk(NamedTuple):
     request_id: str
     start: int  # num_computed_tokens when the step began
     num_tokens: int  # tokens scheduled, drafts included
@@ -29,8 +31,7 @@ class Chunk:
         return self.start + self.num_tokens - self.num_drafts
 
 
-@dataclass(frozen=True)
-class SlotWrite:
+class SlotWrite(NamedTuple):
     request_id: str
     column: int
     block_id: int
@@ -38,8 +39,7 @@ class SlotWrite:
     cause: str  # "chunk-end", "spec-token", "precopy", "postcopy", "checkpoint", "cow", "connector", "zero"
 
 
-@dataclass(frozen=True)
-class CacheEntry:
+class CacheEntry(NamedTuple):
     """One prefix-cache key on a mamba block, after the step's forward."""
 
     block_id: int
@@ -52,8 +52,7 @@ class CacheEntry:
     recorded_tokens: int | None  # block_hash_num_tokens (primary keys)
 
 
-@dataclass(frozen=True)
-class Admission:
+class Admission(NamedTuple):
     request_id: str
     local_hit_tokens: int
     external_tokens: int

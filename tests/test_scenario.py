@@ -23,6 +23,30 @@ def test_prompt_is_prefixes_then_tail():
     assert a[:5] == b[:5] and a[5:12] != b[5:7]
 
 
+def test_equal_prompt_keys_mean_equal_prompts():
+    """The harness caches each prompt's true states under `prompt_key`: a key must pin the prompt."""
+    import random
+
+    from fuzz.generate import random_scenario
+
+    rng = random.Random(3)
+    prompts: dict[tuple, list[int]] = {}
+    pairs = 0
+    for _ in range(300):
+        s = random_scenario(random.Random(rng.getrandbits(32)))
+        s.token_seed %= 3  # make keys collide across scenarios
+        for i in range(len(s.requests)):
+            key, prompt = s.prompt_key(i), s.prompt_tokens(i)
+            if key in prompts:
+                pairs += 1
+                assert prompts[key] == prompt, key
+            prompts[key] = prompt
+    assert pairs > 20
+    t = Scenario(prefixes=[5, 6], requests=[RequestSpec(prefix_ids=[0], unique_len=3)])
+    u = Scenario(prefixes=[5, 7], requests=[RequestSpec(prefix_ids=[1], unique_len=3)])
+    assert t.prompt_key(0) != u.prompt_key(0) and t.prompt_tokens(0) != u.prompt_tokens(0)
+
+
 def test_validation_reports_every_problem_at_once():
     s = Scenario(engine=EngineConfig(mamba_block_size=100, attn_block_size=16, spec_method="eagle3"),
                  requests=[RequestSpec(unique_len=0)])
