@@ -106,6 +106,11 @@ def test_unsupported_features_are_named():
         assert reason is not None and words in reason
     conn = Scenario(engine=_engine(), requests=[RequestSpec(unique_len=300, external_tokens=100)])
     assert "KV-connector" in engines.unsupported(conn)
+    # The uncached engine (mamba cache mode none) runs spec decode and any block size.
+    for words, e in cases.items():
+        reason = engines.unsupported(Scenario(engine=e, requests=[RequestSpec(unique_len=300)]), prefix_caching=False)
+        assert (reason is None) == (words != "num_prefill_checkpoint_blocks"), words
+    assert "KV-connector" in engines.unsupported(conn, prefix_caching=False)
 
 
 def test_engine_view_ties_attention_block_to_mamba_block():
@@ -332,6 +337,26 @@ def test_engine_crash_is_reported(engine_cache):
     assert r["status"] == "crashed" and r["kind"] == "engine_crash"
     assert "vllm/v1/core/sched/scheduler.py" in r["reason"]
     assert confirm(POISON, "fixed")["status"] == "agreed"  # a fresh engine replaced the crashed one
+
+
+SPEC_PAD = Path(__file__).resolve().parent.parent / "corpus" / "upstream" / "spec_pad_clipped_by_long_prefill_threshold.json"
+
+
+@pytest.mark.engine
+def test_uncached_only_crash_with_mtp_is_confirmed_on_the_uncached_engine(engine_cache):
+    """MTP in align mode cannot run on CPU (Triton), but this finding is the harness's uncached
+    run crashing: the uncached engine (MTP drafter from the tiny model's mtp.* weights) alone
+    hits the same scheduler assertion (pad_spec_decode clipped by long_prefill_token_threshold)."""
+    from fuzz import corpus
+    from fuzz.engine_tier.engine_repro import confirm
+
+    s = corpus.load_case(str(SPEC_PAD)).scenario
+    r = confirm(s, "fixed")
+    assert r["status"] == "crashed" and r["kind"] == "engine_crash", r
+    assert r["reason"].startswith("prefix caching off: AssertionError")
+    assert "vllm/v1/core/sched/scheduler.py" in r["reason"] and "in schedule (step 1)" in r["reason"]
+    assert "cached run was not replayed: speculative decoding" in r["reason"]
+    assert "cached" not in r and r["schedule_match"] is None
 
 
 @pytest.mark.engine

@@ -19,7 +19,9 @@ read the engine's status against: `slot_hash` alone means a poisoned entry that 
 reads back in this scenario (a minimized slot_hash finding often keeps no reader), so the
 engine's outputs cannot differ; `resume_state`/`output_divergence` mean a request restores it.
 `skipped` is "the engine could not run it": `reason` names the scenario feature the CPU
-backend lacks (engines.unsupported) or why vLLM refused the config.
+backend lacks (engines.unsupported) or why vLLM refused the config.  A `nocache-` crash or
+stall of the harness in a scenario only the cached engine cannot run (e.g. MTP in align mode)
+is replayed on the uncached engine alone: `crashed` then means that engine failed too.
 
 Files are re-read just before the write and replaced with fuzz.corpus.atomic_write, so an
 interrupt leaves each file either as it was or fully updated.  The engine tier (vLLM, slow to

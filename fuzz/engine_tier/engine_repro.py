@@ -204,7 +204,9 @@ def schedule_diff(engine: list[dict[str, int]], harness: list[dict[str, int]]) -
 
 def confirm(scenario: Scenario, split: str | Callable[..., int] = "fixed") -> dict[str, Any]:
     """Replay `scenario` on the CPU engine under `split` (a --split name, or the function
-    itself), cached vs uncached.
+    itself), cached vs uncached.  A scenario only the cached engine cannot run (spec decode in
+    align mode, blocks below the CPU floor) whose harness uncached run crashes or stalls is
+    replayed on the uncached engine alone (`_confirm_uncached_only`).
 
     Returns {"status": "diverged"|"agreed"|"skipped"|"crashed", "reason", "schedule_match",
     "kind" (finding kind or None), "schedule_diff", "adapted", timings...}.  Raises
@@ -220,6 +222,8 @@ def confirm(scenario: Scenario, split: str | Callable[..., int] = "fixed") -> di
     why = engines.unsupported(scenario)
     if why is not None:
         result["reason"] = why
+        if engines.unsupported(scenario, prefix_caching=False) is None and _harness_uncached_fails(scenario, split_fn, split):
+            _confirm_uncached_only(result, scenario, why)
         return result
     view = engines.engine_view(scenario)
     result["adapted"] = engines.adaptations(scenario)
@@ -259,6 +263,42 @@ def confirm(scenario: Scenario, split: str | Callable[..., int] = "fixed") -> di
             result.update(status="diverged", kind="engine_divergence", reason=diff)
     _schedule_check(result, scenario, view, cached, split_fn, split)
     return result
+
+
+def _harness_uncached_fails(s: Scenario, split_fn: Any, split: str) -> bool:
+    """Whether the harness's prefix-caching-off run of `s` crashes or stalls (a `nocache-` finding)."""
+    from fuzz import harness
+
+    trace = harness.run(s, split_fn, split, prefix_caching=False)
+    return trace.crash is not None or bool(trace.unfinished)
+
+
+def _confirm_uncached_only(result: dict[str, Any], scenario: Scenario, why: str) -> None:
+    """The cached engine cannot run `scenario` (`why`) but the harness's uncached run fails:
+    replay it on the uncached engine alone, which is all such a finding needs.  A crash or a
+    stall there is `crashed`; a clean run stays `skipped` (nothing was compared), saying so."""
+    t0 = time.monotonic()
+    try:
+        handle = engines.get_engine(engines.EngineSpec.for_scenario(scenario, False))
+    except engines.EngineStartError as exc:
+        result["reason"] = f"{why}; the uncached engine could not start either: {exc}"
+        return
+    result["startup_s"] = round(time.monotonic() - t0, 2)
+    if scenario.engine.num_gpu_blocks is None and not engines.ample_for_engine(scenario, handle.num_blocks):
+        result["reason"] = f"{why}; the uncached engine's pool is not ample either; raise MAMBAFUZZ_ENGINE_KV_GIB"
+        return
+    r = replay(handle, scenario, None)
+    result["uncached"] = _summary(r)
+    result["replay_s"] = round(r.wall_s, 2)
+    result["schedule_note"] = "cached run not replayed: schedules not compared"
+    not_cached = f"the cached run was not replayed: {why.split(':')[0]}"
+    if r.crash is not None:
+        result.update(status="crashed", kind="engine_crash", reason=f"prefix caching off: {r.crash}; {not_cached}")
+    elif r.unfinished:
+        result.update(status="crashed", kind="engine_crash", reason=(
+            f"prefix caching off: stall: {', '.join(r.unfinished)} unfinished after {r.steps} steps; {not_cached}"))
+    else:
+        result["reason"] = f"{why}; the uncached run alone finished cleanly although the harness's crashes or stalls"
 
 
 def _schedule_check(result: dict[str, Any], scenario: Scenario, view: Scenario, cached: Replay,

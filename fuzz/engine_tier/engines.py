@@ -54,6 +54,8 @@ class EngineSpec:
     max_model_len: int
     prefix_cache_retention_interval: int | None
     enable_mamba_shared_prefix_checkpoint: bool
+    spec_method: str | None = None  # speculative decoding (the tiny model ships MTP weights)
+    num_speculative_tokens: int = 0
 
     @classmethod
     def for_scenario(cls, s: Scenario, prefix_caching: bool) -> EngineSpec:
@@ -71,6 +73,8 @@ class EngineSpec:
             max_model_len=s.max_model_len() if e.num_gpu_blocks else SHARED_MAX_MODEL_LEN,
             prefix_cache_retention_interval=e.prefix_cache_retention_interval if caching else 0,
             enable_mamba_shared_prefix_checkpoint=e.enable_mamba_shared_prefix_checkpoint and caching,
+            spec_method=e.spec_method if e.uses_spec_decode else None,
+            num_speculative_tokens=e.num_speculative_tokens if e.uses_spec_decode else 0,
         )
 
     def engine_args(self, model: str) -> dict[str, Any]:
@@ -89,6 +93,9 @@ class EngineSpec:
                         enable_mamba_shared_prefix_checkpoint=self.enable_mamba_shared_prefix_checkpoint)
         if self.num_gpu_blocks:
             args["num_gpu_blocks_override"] = self.num_gpu_blocks
+        if self.spec_method:
+            args["speculative_config"] = {"method": self.spec_method,
+                                          "num_speculative_tokens": self.num_speculative_tokens}
         return args
 
 
@@ -117,10 +124,13 @@ def min_block_size() -> int:
     return -(-mamba_page // attn_token)
 
 
-def unsupported(s: Scenario) -> str | None:
-    """Why the CPU engine cannot replay `s` faithfully, or None when it can."""
+def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
+    """Why the CPU engine cannot replay `s` faithfully, or None when it can.
+
+    prefix_caching=False: only what the uncached engine (mamba cache mode none: no align
+    pre-copy, no block-size tie) cannot run; spec decode and small blocks are fine there."""
     e = s.engine
-    if e.uses_spec_decode:
+    if prefix_caching and e.uses_spec_decode:
         return (f"speculative decoding ({e.spec_method}, k={e.num_speculative_tokens}) in align mode: the align "
                 "pre-copy is a Triton kernel and Triton has no CPU backend here (needs a GPU host)")
     if e.num_prefill_checkpoint_blocks:
@@ -131,6 +141,8 @@ def unsupported(s: Scenario) -> str | None:
                 "with kv_connector_module_path='fuzz.connector' starts and schedules sync hits), but its worker "
                 "side loads nothing (no KV, no mamba state) and never reports async loads done, so the engine "
                 "would compute from garbage or wait forever")
+    if not prefix_caching:
+        return None
     floor = min_block_size()
     if e.mamba_block_size < floor:
         return (f"mamba_block_size {e.mamba_block_size} is below {floor}, the smallest block whose attention page "
@@ -232,9 +244,15 @@ def get_engine(spec: EngineSpec) -> EngineHandle:
 
 
 def drop_engine(spec: EngineSpec) -> None:
-    """Forget an engine whose state can no longer be trusted (after a crash)."""
-    handle = _ENGINES.pop(spec, None)
-    if handle is not None:
+    """Forget an engine whose state can no longer be trusted (after a crash).
+
+    Its shutdown also tears down vLLM's process-wide parallel groups, which every engine in
+    this process shares (another cached engine's next step fails in get_pp_group), so all
+    cached engines go; the next get_engine starts a fresh one, which sets the groups up again."""
+    if spec not in _ENGINES:
+        return
+    while _ENGINES:
+        _, handle = _ENGINES.popitem()
         handle.shutdown()
 
 

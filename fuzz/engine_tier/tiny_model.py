@@ -8,7 +8,7 @@ mamba state could never change an output.  Weights drawn with a fixed seed and a
 on early context through the recurrent state, which is what lets a poisoned prefix-cache
 entry show up as a token divergence (tests/test_engine_tier.py checks both); a fixed MoE
 routing (see STABLE_ROUTING) keeps bf16 noise from doing the same.  Building takes a few
-seconds and writes about 7 MB.
+seconds and writes about 8 MB (MTP weights included, see MTP below).
 
 The checkpoint lands in `$XDG_CACHE_HOME/mambafuzz/tiny-qwen3-next-<hash>` (default
 `~/.cache`); the hash covers the config, the recipe, the seed and the library versions, so a change
@@ -28,7 +28,7 @@ from pathlib import Path
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "tiny_model" / "config.json"
 SEED = 1234
 INITIALIZER_RANGE = 0.2
-BUILD_VERSION = 3  # bump when the recipe below changes
+BUILD_VERSION = 4  # bump when the recipe below changes (4: MTP weights added; the main model is unchanged)
 # GDN decay per token is exp(-exp(A_log) * softplus(a + dt_bias)).  The library's init draws
 # A in [0.01, 16] and dt_bias = 1, i.e. a state that forgets everything within a token or
 # two, which hides a wrong (truncated) mamba state from the outputs.  These give a memory
@@ -40,6 +40,13 @@ DT_BIAS = -2.0
 # a whole nat; cached and uncached runs then disagree for no cache reason.  A zero router
 # weight makes every router logit equal, so the choice is fixed (experts 0 and 1) and the
 # model is a continuous function of its inputs.
+# MTP: the config declares one next-token-prediction layer (num_nextn_predict_layers), but the
+# transformers class has no MTP module and saves no `mtp.*` weights, and vLLM's Qwen3NextMTP
+# drafter refuses to start without them ("weights were not initialized from checkpoint").  They
+# go in a separate file (vLLM's main model drops `mtp.*`): the decoder layer is a copy of the
+# last full-attention layer, the three norms copy the final norm, and `fc` is drawn from its
+# own generator, so the main model's weights are bit-identical to a build without them.
+MTP_SEED = 4321
 
 
 def _versions() -> str:
@@ -107,3 +114,24 @@ def _build(out: Path) -> None:
             if router is not None and hasattr(router, "weight"):
                 router.weight.zero_()  # see STABLE_ROUTING
     model.save_pretrained(str(out))
+    _save_mtp(model, raw, out)
+
+
+def _save_mtp(model, raw: dict, out: Path) -> None:
+    """Write `mtp.safetensors` (see MTP above)."""
+    import torch
+    from safetensors.torch import save_file
+
+    state = model.state_dict()
+    last_attn = max(i for i, kind in enumerate(raw["layer_types"]) if kind == "full_attention")
+    src = f"model.layers.{last_attn}."
+    mtp = {}
+    for layer in range(raw.get("num_nextn_predict_layers", 1)):
+        mtp.update({f"mtp.layers.{layer}.{k[len(src):]}": v.clone() for k, v in state.items() if k.startswith(src)})
+    for norm in ("norm", "pre_fc_norm_hidden", "pre_fc_norm_embedding"):
+        mtp[f"mtp.{norm}.weight"] = state["model.norm.weight"].clone()
+    h = raw["hidden_size"]
+    gen = torch.Generator().manual_seed(MTP_SEED)
+    fc = torch.randn(h, 2 * h, generator=gen) * INITIALIZER_RANGE / 4
+    mtp["mtp.fc.weight"] = fc.to(torch.bfloat16)
+    save_file({k: v.contiguous() for k, v in mtp.items()}, str(out / "mtp.safetensors"), metadata={"format": "pt"})
