@@ -45,6 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also print a digest of the whole trace (equal digests: identical runs)")
     r.add_argument("--strict-efficiency", action="store_true",
                    help="count the efficiency differential against the installed split as a failure")
+    r.add_argument("--raw", action="store_true",
+                   help="read each FILE as a fuzzing corpus input (corpus/generated, a libFuzzer crash-* file): "
+                        "decoded exactly as the fuzz targets decode it, scenario JSON when it parses, else the "
+                        "bytes decoder")
+    r.add_argument("--decoder", choices=("bytes", "hypothesis"), default="bytes",
+                   help="with --raw: the decoder of the engine that kept the input: bytes (atheris, random; "
+                        "the default) or hypothesis (--engine hypothesis)")
+    r.add_argument("--print-scenario", action="store_true",
+                   help="print the scenario JSON each FILE stands for (with --raw: what the input decodes to) "
+                        "instead of running it, to save and edit")
 
     from fuzz import cli_fuzz  # the fuzzing commands live beside this file
 
@@ -86,10 +96,15 @@ def cmd_repro(args: argparse.Namespace) -> int:
     worst = EXIT_CLEAN
     for path in args.files:
         try:
-            case = corpus.load_case(path)
+            case = _load_raw_input(path, args.decoder) if args.raw else corpus.load_case(path)
         except corpus.CaseError as exc:
-            print(f"mambafuzz: {exc}", file=sys.stderr)
+            hint = "" if args.raw or "not valid JSON" not in str(exc) and "not UTF-8" not in str(exc) else (
+                "; a fuzzing corpus input? add --raw")
+            print(f"mambafuzz: {exc}{hint}", file=sys.stderr)
             worst = EXIT_USAGE
+            continue
+        if args.print_scenario:
+            print(case.scenario.dumps(), end="")
             continue
         try:
             ev = evaluate(case.scenario, args.split, differential=not args.no_differential,
@@ -115,6 +130,29 @@ def cmd_repro(args: argparse.Namespace) -> int:
         if not ev.verdict.clean and worst == EXIT_CLEAN:
             worst = EXIT_FOUND
     return worst
+
+
+def _load_raw_input(path: str, decoder: str = "bytes"):
+    """A corpus input decoded as the fuzz targets decode it (fuzz.inputs.decode_input)."""
+    from pathlib import Path
+
+    from fuzz import corpus
+    from fuzz.inputs import MAX_INPUT_BYTES, decode_input
+
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise corpus.CaseError(f"{p}: not a regular file" if p.exists() else f"{p}: no such file")
+        if p.stat().st_size > MAX_INPUT_BYTES:
+            raise corpus.CaseError(f"{p}: larger than {MAX_INPUT_BYTES} bytes, more than a fuzz target reads")
+        data = p.read_bytes()
+    except OSError as exc:
+        raise corpus.CaseError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    scenario = decode_input(data, decoder)
+    if scenario is None:
+        raise corpus.CaseError(f"{p}: does not decode to a valid scenario with the {decoder} decoder "
+                               "(the fuzz targets skip it)")
+    return corpus.Case(p, scenario)
 
 
 def _print_text(path: str, split: str, ev, expected: str | None, notes: list[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from functools import lru_cache
 from pathlib import Path
 
 from fuzz.generate import scenario_from_bytes
@@ -14,10 +15,22 @@ from fuzz.target_runtime import decode_json_case
 MAX_INPUT_BYTES = 1 << 20
 
 
-def decode_input(data: bytes) -> Scenario | None:
+@lru_cache(maxsize=1)
+def _hypothesis_decoder():
+    from fuzz.target_runtime import _HypothesisDecoder
+
+    return _HypothesisDecoder()
+
+
+DECODERS = ("bytes", "hypothesis")
+
+
+def decode_input(data: bytes, decoder: str = "bytes") -> Scenario | None:
     """Exactly what the fuzz targets do: scenario JSON when it parses, else the bytes decoder
-    (libFuzzer's mutants of JSON seeds are mostly no longer JSON, and still count)."""
-    scenario = decode_json_case(data) or scenario_from_bytes(data)
+    (libFuzzer's mutants of JSON seeds are mostly no longer JSON, and still count).  `decoder`
+    is the target's: `bytes` (atheris, random) or `hypothesis` (the Hypothesis strategy)."""
+    from_bytes = _hypothesis_decoder() if decoder == "hypothesis" else scenario_from_bytes
+    scenario = decode_json_case(data) or from_bytes(data)
     if scenario is None or validate(scenario):
         return None
     return scenario

@@ -85,3 +85,40 @@ def test_console_script_runs(first_chunk_file):
                            "--no-differential"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_repro_raw_reads_a_fuzzing_corpus_input_as_the_targets_decode_it(tmp_path, capsys):
+    """Raw libFuzzer inputs (corpus/generated, crash-* files) replay with --raw, through the same
+    decoder the fuzz targets use; without --raw the one-line error says to add it."""
+    from fuzz.inputs import MAX_INPUT_BYTES, decode_input
+    from fuzz.pipeline import evaluate
+
+    data = bytes(range(7, 250, 3)) * 3
+    raw = tmp_path / "crash-0123"
+    raw.write_bytes(b"\xff" + data)
+    assert main(["repro", str(raw)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not UTF-8 text" in err and "add --raw" in err and len(err.splitlines()) == 1
+
+    code = main(["repro", "--raw", "--json", "--split", "prefix", str(raw)])
+    want = evaluate(decode_input(b"\xff" + data), "prefix")
+    assert json.loads(capsys.readouterr().out)["verdict"] == want.verdict.kind
+    assert code == (0 if want.verdict.clean else 1)
+
+    # --print-scenario prints only the scenario, which saved as a file replays the same way
+    assert main(["repro", "--raw", "--print-scenario", str(raw)]) == 0
+    text = capsys.readouterr().out
+    saved = tmp_path / "saved.json"
+    saved.write_text(text)
+    assert main(["repro", "--json", "--split", "prefix", str(saved)]) == code
+    assert json.loads(capsys.readouterr().out)["verdict"] == want.verdict.kind
+
+    # the hypothesis engine's decoder reads the same bytes as another scenario
+    assert main(["repro", "--raw", "--decoder", "hypothesis", "--print-scenario", str(raw)]) == 0
+    assert json.loads(capsys.readouterr().out) != json.loads(text)
+
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (MAX_INPUT_BYTES + 1))
+    assert main(["repro", "--raw", str(big), str(tmp_path / "gone")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "more than a fuzz target reads" in err[0] and "no such file" in err[1]
