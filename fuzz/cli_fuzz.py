@@ -11,6 +11,8 @@ from pathlib import Path
 EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 ENGINES = ("atheris", "hypothesis", "random")
 DEFAULT_KNOWN = ["corpus/regressions", "corpus/upstream"]
+DEFAULT_SEEDS = ["corpus/seeds"]
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where the corpus lives in a checkout
 CONFIRM_HELP = ("Re-run the minimized finding on a real vLLM engine (CPU backend, `mambafuzz engine-repro`) and "
                 "record diverged/agreed/crashed/skipped (with the reason) as finding.engine_confirmation.")
 
@@ -33,7 +35,7 @@ def add_commands(sub) -> None:
     f.add_argument("--seed", type=int, default=1, metavar="N", help="PRNG seed (default 1)")
     f.add_argument("--corpus", default="corpus/generated", metavar="DIR",
                    help="read inputs from here and write new-coverage inputs back (default corpus/generated)")
-    f.add_argument("--seeds", nargs="*", default=["corpus/seeds"], metavar="DIR",
+    f.add_argument("--seeds", nargs="*", default=DEFAULT_SEEDS, metavar="DIR",
                    help="read-only seed directories (default corpus/seeds)")
     f.add_argument("--findings", default="findings", metavar="DIR", help="where findings are filed (default findings)")
     f.add_argument("--known", nargs="*", default=DEFAULT_KNOWN, metavar="DIR",
@@ -107,6 +109,26 @@ def _usage(msg: str):
     return UsageError(msg)
 
 
+def _input_dirs(given: list[str], defaults: list[str], flag: str, consequence: str) -> list[Path]:
+    """Directories a fuzz run reads.  A directory named on the command line must exist.  The
+    defaults are relative to the project: from another working directory they are found in
+    the checkout this package runs from, and a warning says what is lost when they are not."""
+    if given is not defaults:
+        missing = [d for d in given if not Path(d).is_dir()]
+        if missing:
+            raise _usage(f"{flag} {missing[0]}: no such directory")
+        return [Path(d) for d in given]
+    found = []
+    for d in defaults:
+        for candidate in (Path(d), PROJECT_ROOT / d):
+            if candidate.is_dir():
+                found.append(candidate)
+                break
+        else:
+            print(f"warning: {flag} default {d} not found here or in {PROJECT_ROOT}: {consequence}", file=sys.stderr)
+    return found
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from fuzz import splits
     from fuzz.supervisor import CampaignConfig, finding_meta, run_campaign
@@ -130,10 +152,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     for d in [args.corpus, args.findings]:
         if Path(d).exists() and not Path(d).is_dir():
             raise _usage(f"{d} exists and is not a directory")
+    seed_dirs = _input_dirs(args.seeds, DEFAULT_SEEDS, "--seeds", "the run starts without seeds")
+    known_dirs = _input_dirs(args.known, DEFAULT_KNOWN, "--known",
+                             "known upstream behaviours and regressions will be filed as new findings")
     cfg = CampaignConfig(
         engine=args.engine, split=args.split, max_time=args.max_time, runs=args.runs, jobs=args.jobs, seed=args.seed,
-        corpus=Path(args.corpus), seed_dirs=[Path(d) for d in args.seeds], findings=Path(args.findings),
-        known_dirs=[Path(d) for d in args.known], stop_on_first=args.stop_on_first,
+        corpus=Path(args.corpus), seed_dirs=seed_dirs, findings=Path(args.findings),
+        known_dirs=known_dirs, stop_on_first=args.stop_on_first,
         minimize_budget=args.minimize_budget, rss_limit_mb=args.rss_limit_mb,
         libfuzzer_args=list(args.libfuzzer_args), quiet=args.quiet,
         stats_file=Path(args.stats) if args.stats else None)

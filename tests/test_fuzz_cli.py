@@ -93,3 +93,25 @@ def test_corpus_add_regression_and_stats(tmp_path, capsys):
     assert main(["corpus", "stats", str(regs), "--no-coverage"]) == 0
     out = capsys.readouterr()
     assert "skipped 1" in out.out and "mamba block" in out.out and "link.json" in out.err
+
+
+def test_default_input_dirs_are_found_from_any_working_directory(tmp_path, monkeypatch, capsys):
+    """`--known`/`--seeds` defaults name project directories: from elsewhere they resolve in the
+    checkout (else a warning says what is lost); a directory named explicitly must exist."""
+    from fuzz import cli_fuzz
+
+    monkeypatch.chdir(tmp_path)
+    got = cli_fuzz._input_dirs(cli_fuzz.DEFAULT_KNOWN, cli_fuzz.DEFAULT_KNOWN, "--known", "lost")
+    assert got == [cli_fuzz.PROJECT_ROOT / "corpus/regressions", cli_fuzz.PROJECT_ROOT / "corpus/upstream"]
+    assert capsys.readouterr().err == ""
+
+    monkeypatch.setattr(cli_fuzz, "PROJECT_ROOT", tmp_path / "elsewhere")
+    assert cli_fuzz._input_dirs(cli_fuzz.DEFAULT_SEEDS, cli_fuzz.DEFAULT_SEEDS, "--seeds", "no seeds") == []
+    err = capsys.readouterr().err
+    assert "warning: --seeds default corpus/seeds not found" in err and "no seeds" in err
+
+    (tmp_path / "mine").mkdir()
+    assert cli_fuzz._input_dirs(["mine"], cli_fuzz.DEFAULT_KNOWN, "--known", "lost") == [Path("mine")]
+    assert cli_fuzz._input_dirs([], cli_fuzz.DEFAULT_KNOWN, "--known", "lost") == []  # known signatures off
+    assert main(["fuzz", "--engine", "random", "--runs", "1", "--known", "typo"]) == 2
+    assert "--known typo: no such directory" in capsys.readouterr().err
