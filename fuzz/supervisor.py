@@ -1,9 +1,14 @@
 """`mambafuzz fuzz`: start the engine's worker processes, merge their output into one status
 line every few seconds, forward Ctrl-C, and end with a summary of what was filed.
 
-Workers: the atheris target (`fuzz/targets/fuzz_scheduler.py`, libFuzzer flags pass through;
-with --jobs N it runs libFuzzer's -fork=N) for the atheris and hypothesis engines, and
-`python -m fuzz.random_worker` (one process per job) for the random engine.
+Workers: the atheris target (`fuzz/targets/fuzz_scheduler.py`, libFuzzer flags pass through)
+for the atheris and hypothesis engines, and `python -m fuzz.random_worker` for the random
+engine; one process per job either way.  --jobs N starts N libFuzzer processes on one shared
+corpus directory, each with its own -seed, as libFuzzer's own -jobs/-workers mode does (each
+re-reads the directory for the others' new inputs, -reload).  Not -fork=N: fork mode starts a
+fresh Python process for every short job, and each start re-imports and re-instruments vLLM
+(~15 s), so a -fork=2 campaign ran about one input per second and printed its progress in a
+format of its own.
 """
 
 from __future__ import annotations
@@ -94,17 +99,18 @@ def _commands(cfg: CampaignConfig) -> list[list[str]]:
             # Only the first job replays the corpus; the others start generating at once.
             cmds.append(cmd + ([str(d) for d in [cfg.corpus, *cfg.seed_dirs]] if job == 0 else []))
         return cmds
-    cmd = [str(TARGET), str(cfg.corpus), *[str(d) for d in cfg.seed_dirs if d.exists()],
-           f"-seed={cfg.seed}", "-max_len=4096", f"-rss_limit_mb={cfg.rss_limit_mb or 4096}",
-           f"-artifact_prefix={cfg.findings}/libfuzzer-",  # slow/oom/crash units stay out of the CWD
-           "-print_final_stats=1"]
-    if cfg.max_time:
-        cmd.append(f"-max_total_time={int(max(1, cfg.max_time))}")
-    if cfg.runs:
-        cmd.append(f"-runs={cfg.runs}")
-    if cfg.jobs > 1:
-        cmd.append(f"-fork={cfg.jobs}")
-    return [cmd + cfg.libfuzzer_args]
+    cmds = []
+    for job in range(cfg.jobs):
+        cmd = [str(TARGET), str(cfg.corpus), *[str(d) for d in cfg.seed_dirs if d.exists()],
+               f"-seed={cfg.seed + job}", "-max_len=4096", f"-rss_limit_mb={cfg.rss_limit_mb or 4096}",
+               f"-artifact_prefix={cfg.findings}/libfuzzer-",  # slow/oom/crash units stay out of the CWD
+               "-print_final_stats=1"]
+        if cfg.max_time:
+            cmd.append(f"-max_total_time={int(max(1, cfg.max_time))}")
+        if cfg.runs:
+            cmd.append(f"-runs={max(1, cfg.runs // cfg.jobs)}")
+        cmds.append(cmd + cfg.libfuzzer_args)
+    return cmds
 
 
 def _die_with_parent() -> None:
@@ -134,19 +140,28 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
         sel.register(p.stdout, selectors.EVENT_READ, p)
     buffers: dict[int, bytes] = {p.pid: b"" for p in procs}
     worker_stats: dict[str, tuple[int, int, int, int]] = {}
-    lf_execs = cov = corp = None
+    libfuzzer: dict[int, tuple[int, int, int]] = {}  # per process: the last (execs, cov, corpus) it printed
     lf_rss = [0]
     first_finding = None
     tail: list[str] = []
     interrupted = False
+    stopping = False
     last_status = start
 
-    def handle(line: str) -> None:
-        nonlocal lf_execs, cov, corp, first_finding
+    def libfuzzer_totals() -> tuple[int | None, int | None, int | None]:
+        """Executions summed over the processes; coverage and corpus size of the furthest one
+        (they share one corpus directory, so their sets overlap)."""
+        if not libfuzzer:
+            return None, None, None
+        rows = libfuzzer.values()
+        return sum(r[0] for r in rows), max(r[1] for r in rows), max(r[2] for r in rows)
+
+    def handle(line: str, pid: int) -> None:
+        nonlocal first_finding
         if m := LIBFUZZER_LINE.match(line):
-            lf_execs, cov, corp = int(m[1]), int(m[2]), int(m[4])
+            libfuzzer[pid] = (int(m[1]), int(m[2]), int(m[4]))
             if r := RSS_LINE.search(line):
-                lf_rss[0] = int(r[1])
+                lf_rss[0] = max(lf_rss[0], int(r[1]))
         elif m := STAT_LINE.match(line):
             worker_stats[m[1]] = (int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6] or 0))
         elif line.startswith(("FOUND ", "FLAKY ")):
@@ -166,6 +181,7 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
 
     def status() -> None:
         execs = sum(s[0] for s in worker_stats.values())
+        lf_execs, cov, corp = libfuzzer_totals()
         if lf_execs is not None:
             execs = max(execs, lf_execs)
         elapsed = max(time.monotonic() - start, 1e-9)
@@ -197,7 +213,12 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
                 buffers[p.pid] += chunk
                 *lines, buffers[p.pid] = buffers[p.pid].split(b"\n")
                 for raw in lines:
-                    handle(raw.decode(errors="replace").rstrip())
+                    handle(raw.decode(errors="replace").rstrip(), p.pid)
+            if cfg.stop_on_first and first_finding is not None and not stopping:
+                stopping = True  # the finder has exited; the other jobs stop as on Ctrl-C
+                for q in procs:
+                    if q.poll() is None:
+                        q.send_signal(signal.SIGINT)
             if time.monotonic() - last_status >= STATUS_EVERY:
                 last_status = time.monotonic()
                 status()
@@ -216,6 +237,7 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
         p.wait()
     status()
     execs = sum(s[0] for s in worker_stats.values())
+    lf_execs, cov, corp = libfuzzer_totals()
     new_files = sorted(_existing(cfg.findings) - before)
     return CampaignResult(new_files, max(execs, lf_execs or 0), time.monotonic() - start, cov, corp, interrupted,
                           [p.returncode for p in procs], first_finding, tail)

@@ -1,6 +1,7 @@
 """`mambafuzz fuzz`, `minimize` and `corpus` end to end (short, bounded runs)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,34 @@ def test_default_input_dirs_are_found_from_any_working_directory(tmp_path, monke
     assert cli_fuzz._input_dirs([], cli_fuzz.DEFAULT_KNOWN, "--known", "lost") == []  # known signatures off
     assert main(["fuzz", "--engine", "random", "--runs", "1", "--known", "typo"]) == 2
     assert "--known typo: no such directory" in capsys.readouterr().err
+
+
+def test_atheris_jobs_run_as_separate_libfuzzer_processes_and_are_counted(tmp_path):
+    """--jobs 2: two libFuzzer processes on one corpus, both counted in the summary (libFuzzer's
+    -fork mode restarted Python for every job and its progress lines went uncounted: 0 executions)."""
+    pytest.importorskip("atheris")
+    proc = mambafuzz("fuzz", "--split", "fixed", "--engine", "atheris", "--jobs", "2", "--runs", "80",
+                     "--max-time", "200", "--corpus", str(tmp_path / "corpus"), "--seeds", "--known",
+                     "--findings", str(tmp_path / "findings"), cwd=tmp_path, timeout=400)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    execs = int(proc.stdout.split("summary: ")[1].split()[0])
+    assert execs > 40, proc.stdout[-2000:]  # more than one process's share of -runs
+    assert "-fork" not in proc.stdout
+
+
+def test_stop_on_first_stops_every_job(tmp_path, monkeypatch):
+    """With --stop-on-first, the other jobs stop once one files a finding (before, they ran on to
+    --max-time).  Stand-in workers: one reports a finding and exits, one would sleep for minutes."""
+    from fuzz import supervisor
+
+    finder = [sys.executable, "-c", "print('FOUND slot_hash:short reproduced 3/3 -> x.json', flush=True); exit(1)"]
+    sleeper = [sys.executable, "-c", "import time; print('@@stat pid=1 execs=5 rejected=0 findings=0 dups=0', "
+                                     "flush=True); time.sleep(300)"]
+    monkeypatch.setattr(supervisor, "_commands", lambda cfg: [sleeper, finder])
+    cfg = supervisor.CampaignConfig(
+        engine="random", split="prefix", max_time=300, runs=0, jobs=2, seed=1, corpus=tmp_path / "c",
+        seed_dirs=[], findings=tmp_path / "f", known_dirs=[], stop_on_first=True, minimize_budget=1,
+        rss_limit_mb=0, quiet=True)
+    result = supervisor.run_campaign(cfg, out=open(os.devnull, "w"))
+    assert sorted(result.exit_codes) != [0, 0] and result.first_finding_seconds is not None
+    assert result.seconds < 120, result  # the sleeper was stopped, not waited for
