@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("findings")
     s.add_argument("out")
     s.add_argument("--split", default="fixed")
+    s.add_argument("--job", default="pr-fuzz", help="the CI job named in the one-line result (default pr-fuzz)")
     pl = sub.add_parser("plot")
     pl.add_argument("stats", nargs="+")
     pl.add_argument("--out", required=True)
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "summarize":
         summary = summarize(Path(args.findings), Path(args.out), args.split)
-        print(f"pr-fuzz: {len(summary['new_findings'])} new finding(s), {len(summary['flaky'])} flaky")
+        print(f"{args.job}: {len(summary['new_findings'])} new finding(s), {len(summary['flaky'])} flaky")
         for i in summary["new_findings"]:
             print(f"  NEW {i['signature']}: {i['repro']}")
     elif args.cmd == "plot":
