@@ -9,60 +9,16 @@ Status lines start with "@@" and are read by the `mambafuzz fuzz` supervisor.
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import sys
 import time
 
-from fuzz import generate
 from fuzz.finding_store import FindingStore, known_signatures
+from fuzz.inputs import decode_input
 from fuzz.pipeline import evaluate
-from fuzz.scenario import Scenario, ScenarioError, from_json, validate
+from fuzz.scenario import Scenario, ScenarioError
 
 STATUS_EVERY = 3.0
-
-
-def decode_json_case(data: bytes) -> Scenario | None:
-    """Seed files are scenario JSON; take them as they are when they parse."""
-    if not data.lstrip().startswith(b"{"):
-        return None
-    try:
-        raw = json.loads(data)
-        return from_json(raw)
-    except (ValueError, RecursionError, ScenarioError, TypeError, AttributeError):
-        return None
-
-
-class _HypothesisDecoder:
-    def __init__(self) -> None:
-        from hypothesis import HealthCheck, given, settings
-
-        self._drawn: list[Scenario] = []
-
-        @settings(database=None, deadline=None, suppress_health_check=list(HealthCheck))
-        @given(generate.scenarios())
-        def _collect(scenario: Scenario) -> None:
-            self._drawn.append(scenario)
-
-        self._fuzz_one_input = _collect.hypothesis.fuzz_one_input
-
-    def __call__(self, data: bytes) -> Scenario | None:
-        self._drawn.clear()
-        self._fuzz_one_input(pad_with_own_entropy(data))
-        return self._drawn[-1] if self._drawn else None
-
-
-PAD_TO = 2048
-
-
-def pad_with_own_entropy(data: bytes) -> bytes:
-    """Hypothesis rejects a buffer that runs out mid-draw; extend short inputs with bytes from a
-    PRNG seeded by the input itself, so every input decodes and libFuzzer's mutations of the
-    leading bytes still steer the leading draws (the same idea as BytesSource's tail)."""
-    if len(data) >= PAD_TO:
-        return data
-    return data + random.Random(data).randbytes(PAD_TO - len(data))
 
 
 class Runtime:
@@ -75,7 +31,7 @@ class Runtime:
         self.stop_on_first = stop_on_first
         known = known_signatures([Path(d) for d in (known_dirs or [])], split)
         self.store = FindingStore(Path(findings), split, known=known, minimize_budget=minimize_budget)
-        self.decode_bytes = _HypothesisDecoder() if decoder == "hypothesis" else generate.scenario_from_bytes
+        self.decoder = decoder
         self.execs = 0
         self.rejected = 0
         self.started = time.monotonic()
@@ -91,10 +47,7 @@ class Runtime:
                    known_dirs=[d for d in env.get("MAMBAFUZZ_KNOWN", "").split(os.pathsep) if d])
 
     def decode(self, data: bytes) -> Scenario | None:
-        scenario = decode_json_case(data) or self.decode_bytes(data)
-        if scenario is None or validate(scenario):
-            return None
-        return scenario
+        return decode_input(data, self.decoder)
 
     def run_scenario(self, scenario: Scenario, origin: dict, raw: bytes | None = None) -> bool:
         """Evaluate once; file a finding if any.  Returns True when a new finding was filed."""

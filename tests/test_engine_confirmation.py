@@ -15,7 +15,7 @@ import pytest
 from fuzz import corpus
 from fuzz.cli import main
 from fuzz.engine_tier import confirmation
-from fuzz.target_runtime import decode_json_case
+from fuzz.inputs import decode_json_case
 from tests.conftest import first_chunk_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
