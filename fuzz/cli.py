@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 
@@ -98,8 +99,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
         try:
             case = _load_raw_input(path, args.decoder) if args.raw else corpus.load_case(path)
         except corpus.CaseError as exc:
-            hint = "" if args.raw or "not valid JSON" not in str(exc) and "not UTF-8" not in str(exc) else (
-                "; a fuzzing corpus input? add --raw")
+            hint = "; a fuzzing corpus input? add --raw" if isinstance(exc, corpus.NotJsonText) else ""
             print(f"mambafuzz: {exc}{hint}", file=sys.stderr)
             worst = EXIT_USAGE
             continue
@@ -134,25 +134,15 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 def _load_raw_input(path: str, decoder: str = "bytes"):
     """A corpus input decoded as the fuzz targets decode it (fuzz.inputs.decode_input)."""
-    from pathlib import Path
-
     from fuzz import corpus
     from fuzz.inputs import MAX_INPUT_BYTES, decode_input
 
-    p = Path(path)
-    try:
-        if not p.is_file():
-            raise corpus.CaseError(f"{p}: not a regular file" if p.exists() else f"{p}: no such file")
-        if p.stat().st_size > MAX_INPUT_BYTES:
-            raise corpus.CaseError(f"{p}: larger than {MAX_INPUT_BYTES} bytes, more than a fuzz target reads")
-        data = p.read_bytes()
-    except OSError as exc:
-        raise corpus.CaseError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    data = corpus.read_case_bytes(path, MAX_INPUT_BYTES, ", more than a fuzz target reads")
     scenario = decode_input(data, decoder)
     if scenario is None:
-        raise corpus.CaseError(f"{p}: does not decode to a valid scenario with the {decoder} decoder "
+        raise corpus.CaseError(f"{path}: does not decode to a valid scenario with the {decoder} decoder "
                                "(the fuzz targets skip it)")
-    return corpus.Case(p, scenario)
+    return corpus.Case(Path(path), scenario)
 
 
 def _print_text(path: str, split: str, ev, expected: str | None, notes: list[str]) -> None:

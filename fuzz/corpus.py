@@ -28,6 +28,11 @@ class CaseError(ValueError):
     """A case file that cannot be used; str() is one line naming the file and the problem."""
 
 
+class NotJsonText(CaseError):
+    """The file is not UTF-8 JSON at all (a raw fuzzing input, perhaps), as opposed to a JSON
+    case with bad fields."""
+
+
 @dataclass
 class Case:
     path: Path
@@ -40,9 +45,9 @@ def parse_case(text: str, where: str) -> Case:
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CaseError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        raise NotJsonText(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     except RecursionError:
-        raise CaseError(f"{where}: not valid JSON (nested too deeply)") from None
+        raise NotJsonText(f"{where}: not valid JSON (nested too deeply)") from None
     try:
         scenario = from_json(raw)
     except ScenarioError as exc:
@@ -60,21 +65,30 @@ def parse_case(text: str, where: str) -> Case:
     return Case(Path(where), scenario, dict(expected), extra)
 
 
-def read_case_text(path: str | os.PathLike) -> str:
-    """A case file's text, with every way of not getting it as a one-line CaseError."""
+def read_case_bytes(path: str | os.PathLike, max_bytes: int = MAX_FILE_BYTES, too_big: str = "") -> bytes:
+    """A file's bytes, with every way of not getting them as a one-line CaseError (`too_big`
+    is appended to the message for a file over `max_bytes`)."""
     p = Path(path)
     try:
         if not p.is_file():
             raise CaseError(f"{p}: not a regular file" if p.exists() else f"{p}: no such file")
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise CaseError(f"{p}: larger than {MAX_FILE_BYTES} bytes")
-        return p.read_text(encoding="utf-8")
+        if p.stat().st_size > max_bytes:
+            raise CaseError(f"{p}: larger than {max_bytes} bytes{too_big}")
+        return p.read_bytes()
     except CaseError:
         raise
-    except UnicodeDecodeError:
-        raise CaseError(f"{p}: not UTF-8 text") from None
     except OSError as exc:
         raise CaseError(f"{p}: cannot read ({exc.strerror or exc})") from None
+
+
+def read_case_text(path: str | os.PathLike) -> str:
+    """A case file's text, with every way of not getting it as a one-line CaseError."""
+    data = read_case_bytes(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise NotJsonText(f"{Path(path)}: not UTF-8 text") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as Path.read_text reads
 
 
 def load_case(path: str | os.PathLike) -> Case:
