@@ -201,7 +201,7 @@ class _Runner:
             for rid in aborts:
                 self.trace.finish_status[rid] = "FINISHED_ABORTED"
 
-        waiting_before = {rid for rid in self.unadmitted if self._waiting_fresh(rid)}
+        waiting_before = {rid for rid in self.unadmitted if self._unfinished(rid)}
         out = session.schedule()
         connector_orders = self._drain_connector()
 
@@ -239,7 +239,7 @@ class _Runner:
         for rid in scheduled:  # dict order is the batch order vLLM built
             sampled[rid] = self._run_row(rec, rid, scheduled[rid], spec_tokens.get(rid, []))
 
-        recv_done = {rid for rid, o in connector_orders.items() if o.load_async} if connector_orders else set()
+        recv_done = {rid for rid, o in connector_orders.items() if o.load_async}
         if recv_done:
             for rid in sorted(recv_done):
                 req = session.request(rid)
@@ -256,10 +256,6 @@ class _Runner:
     def _unfinished(self, rid: str) -> bool:
         req = self.session.request(rid)
         return req is not None and not req.is_finished()
-
-    def _waiting_fresh(self, rid: str) -> bool:
-        req = self.session.request(rid)
-        return req is not None and not req.is_finished() and rid in self.unadmitted
 
     def _drain_connector(self) -> dict:
         conn = self.session.connector
