@@ -148,13 +148,16 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
     stopping = False
     last_status = start
 
-    def libfuzzer_totals() -> tuple[int | None, int | None, int | None]:
-        """Executions summed over the processes; coverage and corpus size of the furthest one
-        (they share one corpus directory, so their sets overlap)."""
+    def totals() -> tuple[int, int | None, int | None]:
+        """(executions, coverage, corpus size).  Executions: the workers' own counts or
+        libFuzzer's, summed over the processes, whichever is ahead.  Coverage and corpus size:
+        those of the furthest libFuzzer process (they share one corpus directory, so their
+        sets overlap); None for the random engine."""
+        execs = sum(s[0] for s in worker_stats.values())
         if not libfuzzer:
-            return None, None, None
+            return execs, None, None
         rows = libfuzzer.values()
-        return sum(r[0] for r in rows), max(r[1] for r in rows), max(r[2] for r in rows)
+        return max(execs, sum(r[0] for r in rows)), max(r[1] for r in rows), max(r[2] for r in rows)
 
     def handle(line: str, pid: int) -> None:
         nonlocal first_finding
@@ -180,10 +183,7 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
     offset = float(stats_rows[-1].split(",")[0]) if stats_rows else 0.0
 
     def status() -> None:
-        execs = sum(s[0] for s in worker_stats.values())
-        lf_execs, cov, corp = libfuzzer_totals()
-        if lf_execs is not None:
-            execs = max(execs, lf_execs)
+        execs, cov, corp = totals()
         elapsed = max(time.monotonic() - start, 1e-9)
         found = len(_existing(cfg.findings) - before)
         dups = sum(s[3] for s in worker_stats.values())
@@ -236,10 +236,9 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
     for p in procs:
         p.wait()
     status()
-    execs = sum(s[0] for s in worker_stats.values())
-    lf_execs, cov, corp = libfuzzer_totals()
+    execs, cov, corp = totals()
     new_files = sorted(_existing(cfg.findings) - before)
-    return CampaignResult(new_files, max(execs, lf_execs or 0), time.monotonic() - start, cov, corp, interrupted,
+    return CampaignResult(new_files, execs, time.monotonic() - start, cov, corp, interrupted,
                           [p.returncode for p in procs], first_finding, tail)
 
 
