@@ -28,6 +28,7 @@ from fuzz.corpus import atomic_write
 
 TARGET = Path(__file__).parent / "targets" / "fuzz_scheduler.py"
 STATUS_EVERY = 5.0
+STOP_GRACE = 5.0  # seconds a job gets to stop on SIGINT before SIGTERM
 LIBFUZZER_LINE = re.compile(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)/")
 STAT_LINE = re.compile(r"^@@stat pid=(\d+) execs=(\d+) rejected=(\d+) findings=(\d+) dups=(\d+)"
                        r"(?: seconds=[\d.]+ rss_mb=(\d+))?")
@@ -113,6 +114,12 @@ def _commands(cfg: CampaignConfig) -> list[list[str]]:
     return cmds
 
 
+def _signal_running(procs: list[subprocess.Popen], sig: int) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(sig)
+
+
 def _die_with_parent() -> None:
     try:  # Linux: children get SIGTERM if the supervisor is killed outright
         import ctypes
@@ -145,7 +152,7 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
     first_finding = None
     tail: list[str] = []
     interrupted = False
-    stopping = False
+    stopping: float | None = None  # when --stop-on-first began stopping the other jobs
     last_status = start
 
     def totals() -> tuple[int, int | None, int | None]:
@@ -214,20 +221,22 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
                 *lines, buffers[p.pid] = buffers[p.pid].split(b"\n")
                 for raw in lines:
                     handle(raw.decode(errors="replace").rstrip(), p.pid)
-            if cfg.stop_on_first and first_finding is not None and not stopping:
-                stopping = True  # the finder has exited; the other jobs stop as on Ctrl-C
-                for q in procs:
-                    if q.poll() is None:
-                        q.send_signal(signal.SIGINT)
+            if cfg.stop_on_first and first_finding is not None:
+                # The finder has exited; the other jobs stop as on Ctrl-C, or by SIGTERM once
+                # STOP_GRACE has passed (a worker started with SIGINT ignored, as a shell without
+                # job control starts background jobs, never sees the SIGINT).
+                if stopping is None:
+                    stopping = time.monotonic()
+                    _signal_running(procs, signal.SIGINT)
+                elif time.monotonic() - stopping > STOP_GRACE:
+                    _signal_running(procs, signal.SIGTERM)
             if time.monotonic() - last_status >= STATUS_EVERY:
                 last_status = time.monotonic()
                 status()
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: stopping workers", file=out, flush=True)
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
+        _signal_running(procs, signal.SIGINT)
         for p in procs:
             try:
                 p.wait(timeout=15)

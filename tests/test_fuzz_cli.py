@@ -133,12 +133,14 @@ def test_atheris_jobs_run_as_separate_libfuzzer_processes_and_are_counted(tmp_pa
 
 def test_stop_on_first_stops_every_job(tmp_path, monkeypatch):
     """With --stop-on-first, the other jobs stop once one files a finding (before, they ran on to
-    --max-time).  Stand-in workers: one reports a finding and exits, one would sleep for minutes."""
+    --max-time).  Stand-in workers: one reports a finding and exits, one would sleep for minutes
+    with SIGINT ignored, as a job started by a shell without job control has it."""
     from fuzz import supervisor
 
     finder = [sys.executable, "-c", "print('FOUND slot_hash:short reproduced 3/3 -> x.json', flush=True); exit(1)"]
-    sleeper = [sys.executable, "-c", "import time; print('@@stat pid=1 execs=5 rejected=0 findings=0 dups=0', "
-                                     "flush=True); time.sleep(300)"]
+    sleeper = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                                     "print('@@stat pid=1 execs=5 rejected=0 findings=0 dups=0', flush=True); "
+                                     "time.sleep(300)"]
     monkeypatch.setattr(supervisor, "_commands", lambda cfg: [sleeper, finder])
     cfg = supervisor.CampaignConfig(
         engine="random", split="prefix", max_time=300, runs=0, jobs=2, seed=1, corpus=tmp_path / "c",
