@@ -306,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
                          "full-collection periods of the 10k modes)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     args = ap.parse_args(argv)
+    for flag in ("reps", "number", "window"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag} must be at least 1")
 
     scen = scenarios()
     for name, s in scen.items():

@@ -16,6 +16,7 @@ import collections
 import random
 import time
 
+from fuzz import splits
 from fuzz.generate import random_scenario
 from fuzz.pipeline import evaluate
 from fuzz.scenario import EngineConfig, validate
@@ -34,6 +35,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--splits", nargs="+", default=["prefix", "fixed"])
     args = ap.parse_args()
+    for split in args.splits:
+        try:
+            splits.resolve(split)
+        except splits.SplitError as exc:
+            ap.error(str(exc))
     for split in args.splits:
         rng = random.Random(args.seed)
         total: collections.Counter[str] = collections.Counter()
