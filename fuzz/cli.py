@@ -1,25 +1,21 @@
 """`mambafuzz`: replay, fuzz, minimize and curate scenarios against vLLM's real scheduler.
 
-Exit codes everywhere: 0 clean / nothing found, 1 violation found, 2 bad input or usage.
+Exit codes everywhere (fuzz/exit_codes.py): 0 clean / nothing found, 1 violation found,
+2 bad input or usage, 3 mambafuzz itself failed (unsupported vLLM, dead workers, nothing run).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
-
-SPLIT_HELP = ("chunk split under test: fixed (installed vLLM, default), prefix (pre-fix behaviour, both gates), "
-              "realign (only the pre-fix mid-block realign gate), or package.module:function "
-              "(same signature as Scheduler._mamba_block_aligned_split)")
-
-
-class UsageError(Exception):
-    pass
+from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_INTERRUPTED, EXIT_TOOL, EXIT_USAGE, ToolError, UsageError
+from fuzz.splits_help import SPLIT_HELP
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,9 +69,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"mambafuzz: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ToolError as exc:
+        print(f"mambafuzz: {exc}", file=sys.stderr)
+        return EXIT_TOOL
     except KeyboardInterrupt:
         print("mambafuzz: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - a crash of the tool must never read as a finding (exit 1)
+        if os.environ.get("MAMBAFUZZ_DEBUG"):
+            traceback.print_exc()
+        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+        first = (str(exc).splitlines() or [""])[0]
+        print(f"mambafuzz: internal error: {type(exc).__name__}: {first}{at} "
+              "(a tool failure, not a finding; MAMBAFUZZ_DEBUG=1 prints the traceback)", file=sys.stderr)
+        return EXIT_TOOL
 
 
 def _split_or_usage(name: str):

@@ -8,8 +8,10 @@ import collections
 import sys
 from pathlib import Path
 
-EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
-ENGINES = ("atheris", "hypothesis", "random")
+from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE, UsageError
+from fuzz.splits_help import SPLIT_HELP
+
+GENERATORS = ("atheris", "hypothesis", "random")
 DEFAULT_KNOWN = ["corpus/regressions", "corpus/upstream"]
 DEFAULT_SEEDS = ["corpus/seeds"]
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where the corpus lives in a checkout
@@ -18,17 +20,19 @@ CONFIRM_HELP = ("Re-run the minimized finding on a real vLLM engine (CPU backend
 
 
 def add_commands(sub) -> None:
-    from fuzz.cli import SPLIT_HELP
-
     f = sub.add_parser(
         "fuzz", help="search the scenario space and file minimized findings",
         description="Generate scenarios (atheris/libFuzzer with coverage from vLLM's scheduling and KV-cache "
                     "modules, Hypothesis' decoder under the same feedback, or plain random), run each through "
                     "vLLM's real scheduler and the oracles, and file every new violation once, minimized, as a "
                     "scenario file that `mambafuzz repro` replays. Extra libFuzzer flags go after `--`. "
-                    "Exit 1 if anything new was found, 0 if not, 2 on usage errors.")
+                    "Exit 1 if anything new was found, 0 if not, 2 on usage errors, 3 when the campaign did not "
+                    "really run (a worker could not start or died, or no input was executed).")
     f.add_argument("--split", default="fixed", help=SPLIT_HELP)
-    f.add_argument("--engine", choices=ENGINES, default="atheris", help="input engine (default atheris)")
+    f.add_argument("--generator", "--engine", dest="generator", choices=GENERATORS, default="atheris",
+                   help="what generates inputs: atheris (libFuzzer mutation with coverage feedback), hypothesis "
+                        "(Hypothesis' decoder under the same feedback) or random (seeded, no feedback); "
+                        "default atheris. --engine is the old name")
     f.add_argument("--max-time", type=float, default=60.0, metavar="SECONDS", help="stop after this long (default 60)")
     f.add_argument("--runs", type=int, default=0, metavar="N", help="stop after N executions (0: no limit)")
     f.add_argument("--jobs", type=int, default=1, metavar="N", help="parallel workers sharing corpus and findings")
@@ -103,9 +107,7 @@ def add_commands(sub) -> None:
     ce.set_defaults(handler=cmd_corpus_confirm_engine)
 
 
-def _usage(msg: str):
-    from fuzz.cli import UsageError
-
+def _usage(msg: str) -> UsageError:
     return UsageError(msg)
 
 
@@ -144,11 +146,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         raise _usage("--jobs must be at least 1")
     if not args.max_time and not args.runs:
         raise _usage("give --max-time or --runs (a run needs a bound)")
-    if args.engine != "random":
+    if args.generator != "random":
         try:
             import atheris  # noqa: F401
         except ImportError:
-            raise _usage(f"--engine {args.engine} needs atheris (pip install atheris==3.0.0)") from None
+            raise _usage(f"--generator {args.generator} needs atheris (pip install atheris==3.0.0)") from None
     for d in [args.corpus, args.findings]:
         if Path(d).exists() and not Path(d).is_dir():
             raise _usage(f"{d} exists and is not a directory")
@@ -156,13 +158,14 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     known_dirs = _input_dirs(args.known, DEFAULT_KNOWN, "--known",
                              "known upstream behaviours and regressions will be filed as new findings")
     cfg = CampaignConfig(
-        engine=args.engine, split=args.split, max_time=args.max_time, runs=args.runs, jobs=args.jobs, seed=args.seed,
+        generator=args.generator, split=args.split, max_time=args.max_time, runs=args.runs, jobs=args.jobs, seed=args.seed,
         corpus=Path(args.corpus), seed_dirs=seed_dirs, findings=Path(args.findings),
         known_dirs=known_dirs, stop_on_first=args.stop_on_first,
         minimize_budget=args.minimize_budget, rss_limit_mb=args.rss_limit_mb,
         libfuzzer_args=list(args.libfuzzer_args), quiet=args.quiet,
         stats_file=Path(args.stats) if args.stats else None)
-    print(f"fuzzing split {args.split} with {args.engine} x{args.jobs}, findings in {args.findings}/", flush=True)
+    print(f"fuzzing split {args.split} with {args.generator} x{args.jobs} under {sys.executable}, "
+          f"findings in {args.findings}/", flush=True)
     result = run_campaign(cfg)
     real = [p for p in result.new_files if not p.name.startswith("flaky-")]
     print(f"\nsummary: {result.execs} executions in {result.seconds:.1f}s, {len(real)} new finding(s)"
@@ -179,12 +182,14 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                   f"{' '.join(str(p) for p in to_confirm)}")
         elif to_confirm:
             _confirm_engine(to_confirm, None)
-    crashed = [c for c in result.exit_codes if c not in (0, 1, -2, 130, 3, 77) and not result.interrupted]
-    if crashed and not result.new_files:
-        print("worker exited with an error; its last output:", file=sys.stderr)
+    for problem in result.problems:
+        print(f"mambafuzz: {problem}", file=sys.stderr)
+    if result.problems:
         for line in result.log_tail[-15:]:
-            print(f"  {line}", file=sys.stderr)
-        return EXIT_USAGE
+            print(f"  | {line}", file=sys.stderr)
+        if not real:  # a finding is real whatever else went wrong; nothing else passes
+            print("mambafuzz: the campaign did not really run (a tool failure, not a clean result)", file=sys.stderr)
+            return EXIT_TOOL
     return EXIT_FOUND if real else EXIT_CLEAN
 
 

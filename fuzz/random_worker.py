@@ -1,58 +1,60 @@
-"""The feedback-free engine: the shared generator driven by a seeded PRNG.  Also replays
+"""The feedback-free generator: the shared input model driven by a seeded PRNG.  Also replays
 the corpus first, so seeds and earlier inputs are always re-checked.
 
-Run as `python -m fuzz.random_worker --seed N --max-time S --runs N [CORPUS_DIR...]` with the
-MAMBAFUZZ_* environment of `target_runtime`; `mambafuzz fuzz --engine random` does this.
+Run as `python -m fuzz.random_worker` with a `WorkerConfig` file named in
+MAMBAFUZZ_WORKER_CONFIG (seed, time and run bounds, RSS limit, directories to replay);
+`mambafuzz fuzz --generator random` does this.  Reports in `fuzz.worker_protocol` events.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import random
 import sys
 import time
 from pathlib import Path
 
-from fuzz.generate import random_scenario
-from fuzz.inputs import decode_input, iter_input_files
-from fuzz.scenario import validate
-from fuzz.target_runtime import Runtime, current_rss_mb
+from fuzz.exit_codes import EXIT_CLEAN, EXIT_TOOL
+from fuzz.worker_protocol import WorkerConfig, emit
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="fuzz.random_worker")
-    p.add_argument("corpus", nargs="*")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-time", type=float, default=0.0)
-    p.add_argument("--runs", type=int, default=0)
-    p.add_argument("--rss-limit-mb", type=int, default=0)
-    args = p.parse_args(argv)
-    runtime = Runtime.from_env()
-    gc.freeze()  # vLLM and torch's heap never needs rescanning by full collections
-    deadline = time.monotonic() + args.max_time if args.max_time > 0 else None
-    stats: dict = {}
-    for path, data in iter_input_files([Path(c) for c in args.corpus], stats):
-        scenario = decode_input(data)
-        if scenario is not None:
-            runtime.run_scenario(scenario, {"input": str(path)})
-    rng = random.Random(args.seed)
+def main() -> int:
     try:
-        while (not args.runs or runtime.execs < args.runs) and (deadline is None or time.monotonic() < deadline):
+        config = WorkerConfig.from_environment()
+        from fuzz.generate import random_scenario
+        from fuzz.inputs import decode_input, iter_input_files
+        from fuzz.scenario import validate
+        from fuzz.target_runtime import Runtime, current_rss_mb
+
+        runtime = Runtime(config)
+    except Exception as exc:  # noqa: BLE001 - said as one event; the supervisor fails the campaign
+        emit("error", message=f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
+        return EXIT_TOOL
+    emit("started", generator="random", python=sys.executable)
+    gc.freeze()  # vLLM and torch's heap never needs rescanning by full collections
+    deadline = time.monotonic() + config.max_time if config.max_time > 0 else None
+    stats: dict = {}
+    stopped = None
+    try:
+        for path, data in iter_input_files([Path(c) for c in config.replay_dirs], stats):
+            scenario = decode_input(data)
+            if scenario is not None:
+                runtime.run_scenario(scenario, {"input": str(path)})
+        rng = random.Random(config.seed)
+        while (not config.runs or runtime.execs < config.runs) and (deadline is None or time.monotonic() < deadline):
             case_seed = rng.getrandbits(63)
             scenario = random_scenario(random.Random(case_seed))
             if validate(scenario):
                 runtime.rejected += 1
                 continue
-            runtime.run_scenario(scenario, {"input": "random", "seed": args.seed, "case_seed": case_seed})
-            if args.rss_limit_mb and current_rss_mb() > args.rss_limit_mb:
-                print(f"@@rss-limit rss={current_rss_mb():.0f}MB limit={args.rss_limit_mb}MB", flush=True)
-                runtime.status(final=True)
-                return 3
+            runtime.run_scenario(scenario, {"input": "random", "seed": config.seed, "case_seed": case_seed})
+            if config.rss_limit_mb and current_rss_mb() > config.rss_limit_mb:
+                stopped = f"rss {current_rss_mb():.0f}MB over the {config.rss_limit_mb}MB limit"
+                break
     except KeyboardInterrupt:
-        pass
-    runtime.status(final=True)
-    return 0
+        stopped = "interrupted"
+    runtime.status(final=True, **({"stopped": stopped} if stopped else {}))
+    return EXIT_CLEAN
 
 
 if __name__ == "__main__":

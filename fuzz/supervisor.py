@@ -1,14 +1,23 @@
-"""`mambafuzz fuzz`: start the engine's worker processes, merge their output into one status
-line every few seconds, forward Ctrl-C, and end with a summary of what was filed.
+"""`mambafuzz fuzz`: start the generator's worker processes, merge their events into one status
+line every few seconds, forward Ctrl-C, and end with what was filed and whether the campaign
+really ran.
 
 Workers: the atheris target (`fuzz/targets/fuzz_scheduler.py`, libFuzzer flags pass through)
-for the atheris and hypothesis engines, and `python -m fuzz.random_worker` for the random
-engine; one process per job either way.  --jobs N starts N libFuzzer processes on one shared
-corpus directory, each with its own -seed, as libFuzzer's own -jobs/-workers mode does (each
-re-reads the directory for the others' new inputs, -reload).  Not -fork=N: fork mode starts a
-fresh Python process for every short job, and each start re-imports and re-instruments vLLM
-(~15 s), so a -fork=2 campaign ran about one input per second and printed its progress in a
-format of its own.
+for the atheris and hypothesis generators, and `python -m fuzz.random_worker` for the random
+one; one process per job.  Every worker runs under this process's own interpreter
+(`sys.executable`), never a `python3` found on PATH: a target started through its
+`#!/usr/bin/env python3` line ran under whatever interpreter came first, one without vLLM
+fuzzed nothing, and the campaign passed.  libFuzzer re-runs its argv[0] for -fork/-merge, so
+that argv[0] is a small launcher script that execs this interpreter on the target.
+
+--jobs N starts N libFuzzer processes on one shared corpus directory, each with its own -seed,
+as libFuzzer's own -jobs/-workers mode does (each re-reads the directory for the others' new
+inputs).  Not -fork=N: fork mode starts a fresh Python process for every short job, and each
+start re-imports and re-instruments vLLM.
+
+Workers are configured by one WorkerConfig file and report in JSON events
+(fuzz.worker_protocol).  A campaign in which no worker started, or which executed no input,
+is a failure (`CampaignResult.problems`), never a clean pass.
 """
 
 from __future__ import annotations
@@ -17,27 +26,33 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from fuzz.corpus import atomic_write
+from fuzz.worker_protocol import CONFIG_ENV, WorkerConfig, parse_event
 
 TARGET = Path(__file__).parent / "targets" / "fuzz_scheduler.py"
 STATUS_EVERY = 5.0
 STOP_GRACE = 5.0  # seconds a job gets to stop on SIGINT before SIGTERM
+# libFuzzer's own status line: read only for its coverage and corpus counters, which no worker knows.
 LIBFUZZER_LINE = re.compile(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)/")
-STAT_LINE = re.compile(r"^@@stat pid=(\d+) execs=(\d+) rejected=(\d+) findings=(\d+) dups=(\d+)"
-                       r"(?: seconds=[\d.]+ rss_mb=(\d+))?")
 RSS_LINE = re.compile(r"rss: (\d+)Mb")
+# How a worker may end without anything being wrong: cleanly, after filing with --stop-on-first,
+# or stopped by us (SIGINT, or SIGTERM after the grace period).
+NORMAL_EXITS = (0, 1, -signal.SIGINT, 130, -signal.SIGTERM)
 
 
 @dataclass
 class CampaignConfig:
-    engine: str
+    generator: str
     split: str
     max_time: float
     runs: int
@@ -66,57 +81,78 @@ class CampaignResult:
     exit_codes: list[int]
     first_finding_seconds: float | None
     log_tail: list[str]
+    problems: list[str] = field(default_factory=list)  # why the campaign cannot count as having run
 
 
-def _child_env(cfg: CampaignConfig) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({
-        "MAMBAFUZZ_SPLIT": cfg.split,
-        "MAMBAFUZZ_FINDINGS": str(cfg.findings),
-        "MAMBAFUZZ_DECODER": "hypothesis" if cfg.engine == "hypothesis" else "bytes",
-        "MAMBAFUZZ_ENGINE": cfg.engine,
-        "MAMBAFUZZ_STOP_ON_FIRST": "1" if cfg.stop_on_first else "0",
-        "MAMBAFUZZ_MINIMIZE_BUDGET": str(cfg.minimize_budget),
-        "MAMBAFUZZ_KNOWN": os.pathsep.join(str(d) for d in cfg.known_dirs),
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
+@dataclass
+class Launch:
+    """One worker process: its argv and its configuration."""
+
+    argv: list[str]
+    config: WorkerConfig
+
+
+def worker_config(cfg: CampaignConfig, job: int) -> WorkerConfig:
+    base = WorkerConfig(split=cfg.split, findings=str(cfg.findings), generator=cfg.generator,
+                        stop_on_first=cfg.stop_on_first, minimize_budget=cfg.minimize_budget,
+                        known_dirs=[str(d) for d in cfg.known_dirs])
+    if cfg.generator != "random":
+        return base
+    base.seed = cfg.seed + job
+    base.max_time = cfg.max_time
+    base.runs = max(1, cfg.runs // cfg.jobs) if cfg.runs else 0
+    base.rss_limit_mb = cfg.rss_limit_mb
+    # Only the first job replays the corpus; the others start generating at once.
+    base.replay_dirs = [str(d) for d in [cfg.corpus, *cfg.seed_dirs]] if job == 0 else []
+    return base
+
+
+def launcher(workdir: Path) -> Path:
+    """An executable that runs the atheris target under this interpreter; libFuzzer re-runs it
+    (argv[0]) for -fork, -merge and -minimize_crash."""
+    path = workdir / "fuzz_scheduler"
+    path.write_text(f"#!/bin/sh\nexec {_sh_quote(sys.executable)} {_sh_quote(str(TARGET))} \"$@\"\n")
+    path.chmod(0o755)
+    return path
+
+
+def _sh_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def launches(cfg: CampaignConfig, workdir: Path) -> list[Launch]:
+    if cfg.generator == "random":
+        return [Launch([sys.executable, "-m", "fuzz.random_worker"], worker_config(cfg, job))
+                for job in range(cfg.jobs)]
+    target = launcher(workdir)
+    out = []
+    for job in range(cfg.jobs):
+        argv = [str(target), str(cfg.corpus), *[str(d) for d in cfg.seed_dirs if d.exists()],
+                f"-seed={cfg.seed + job}", "-max_len=4096", f"-rss_limit_mb={cfg.rss_limit_mb or 4096}",
+                f"-artifact_prefix={cfg.findings}/libfuzzer-",  # slow/oom/crash units stay out of the CWD
+                "-print_final_stats=1"]
+        if cfg.max_time:
+            argv.append(f"-max_total_time={int(max(1, cfg.max_time))}")
+        if cfg.runs:
+            argv.append(f"-runs={max(1, cfg.runs // cfg.jobs)}")
+        out.append(Launch(argv + cfg.libfuzzer_args, worker_config(cfg, job)))
+    return out
+
+
+def _env(config_path: Path) -> dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env[CONFIG_ENV] = str(config_path)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
-def _commands(cfg: CampaignConfig) -> list[list[str]]:
-    if cfg.engine == "random":
-        cmds = []
-        for job in range(cfg.jobs):
-            cmd = [sys.executable, "-m", "fuzz.random_worker", "--seed", str(cfg.seed + job)]
-            if cfg.max_time:
-                cmd += ["--max-time", str(cfg.max_time)]
-            if cfg.runs:
-                cmd += ["--runs", str(max(1, cfg.runs // cfg.jobs))]
-            if cfg.rss_limit_mb:
-                cmd += ["--rss-limit-mb", str(cfg.rss_limit_mb)]
-            # Only the first job replays the corpus; the others start generating at once.
-            cmds.append(cmd + ([str(d) for d in [cfg.corpus, *cfg.seed_dirs]] if job == 0 else []))
-        return cmds
-    cmds = []
-    for job in range(cfg.jobs):
-        cmd = [str(TARGET), str(cfg.corpus), *[str(d) for d in cfg.seed_dirs if d.exists()],
-               f"-seed={cfg.seed + job}", "-max_len=4096", f"-rss_limit_mb={cfg.rss_limit_mb or 4096}",
-               f"-artifact_prefix={cfg.findings}/libfuzzer-",  # slow/oom/crash units stay out of the CWD
-               "-print_final_stats=1"]
-        if cfg.max_time:
-            cmd.append(f"-max_total_time={int(max(1, cfg.max_time))}")
-        if cfg.runs:
-            cmd.append(f"-runs={max(1, cfg.runs // cfg.jobs)}")
-        cmds.append(cmd + cfg.libfuzzer_args)
-    return cmds
-
-
-def _signal_running(procs: list[subprocess.Popen], sig: int) -> None:
+def _signal_running(procs: list[subprocess.Popen], sig: int, stopped: set[int]) -> None:
+    """Signal the live workers, remembering which were stopped by us (their exit code is then
+    whatever their runtime uses for an interrupt, e.g. libFuzzer's 72)."""
     for p in procs:
         if p.poll() is None:
+            stopped.add(p.pid)
             p.send_signal(sig)
 
 
@@ -129,114 +165,178 @@ def _die_with_parent() -> None:
         pass
 
 
-def _existing(findings: Path) -> set[Path]:
-    return {p for p in findings.glob("*.json")} if findings.exists() else set()
+@dataclass
+class _Worker:
+    """What the supervisor knows of one worker: only what its events and exit said."""
+
+    proc: subprocess.Popen
+    started: bool = False
+    progress: dict = field(default_factory=dict)  # its last progress/done event
+    error: str | None = None
+    libfuzzer: tuple[int, int, int] | None = None  # last (execs, cov, corpus) libFuzzer printed
+    tail: list[str] = field(default_factory=list)
+    buffer: bytes = b""
 
 
-def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
-    cfg.findings.mkdir(parents=True, exist_ok=True)
-    cfg.corpus.mkdir(parents=True, exist_ok=True)
-    before = _existing(cfg.findings)
-    env = _child_env(cfg)
-    start = time.monotonic()
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                              cwd=os.getcwd(), preexec_fn=_die_with_parent) for cmd in _commands(cfg)]
-    sel = selectors.DefaultSelector()
-    for p in procs:
-        os.set_blocking(p.stdout.fileno(), False)
-        sel.register(p.stdout, selectors.EVENT_READ, p)
-    buffers: dict[int, bytes] = {p.pid: b"" for p in procs}
-    worker_stats: dict[str, tuple[int, int, int, int]] = {}
-    libfuzzer: dict[int, tuple[int, int, int]] = {}  # per process: the last (execs, cov, corpus) it printed
-    lf_rss = [0]
-    first_finding = None
-    tail: list[str] = []
-    interrupted = False
-    stopping: float | None = None  # when --stop-on-first began stopping the other jobs
-    last_status = start
+class Campaign:
+    """The state of one running campaign, updated line by line from the workers' output."""
 
-    def totals() -> tuple[int, int | None, int | None]:
+    def __init__(self, cfg: CampaignConfig, out: TextIO):
+        self.cfg = cfg
+        self.out = out
+        self.start = time.monotonic()
+        self.workers: dict[int, _Worker] = {}
+        self.filed: list[dict] = []  # finding events, in arrival order
+        self.first_finding: float | None = None
+        self.lf_rss = 0
+        self.stopped: set[int] = set()  # pids we signalled to stop
+        self.stats_rows: list[str] = []
+        if cfg.stats_file is not None and cfg.stats_file.exists():
+            self.stats_rows = cfg.stats_file.read_text().splitlines()[1:]
+        self.stats_offset = float(self.stats_rows[-1].split(",")[0]) if self.stats_rows else 0.0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def say(self, text: str) -> None:
+        print(f"[{self.elapsed():6.1f}s] {text}", file=self.out, flush=True)
+
+    def handle(self, w: _Worker, line: str) -> None:
+        event = parse_event(line)
+        if event is None:
+            if m := LIBFUZZER_LINE.match(line):
+                w.libfuzzer = (int(m[1]), int(m[2]), int(m[4]))
+                if r := RSS_LINE.search(line):
+                    self.lf_rss = max(self.lf_rss, int(r[1]))
+            if line:
+                w.tail.append(line)
+                del w.tail[:-40]
+            return
+        kind = event["event"]
+        if kind == "started":
+            w.started = True
+        elif kind in ("progress", "done"):
+            w.progress = event
+            if event.get("stopped") and event["stopped"] != "interrupted":
+                self.say(f"worker {w.proc.pid} stopped: {event['stopped']}")
+        elif kind == "error":
+            w.error = str(event.get("message", "?"))
+            self.say(f"worker {w.proc.pid} cannot run: {w.error}")
+        elif kind == "finding":
+            self.filed.append(event)
+            if self.first_finding is None and not event.get("flaky"):
+                self.first_finding = self.elapsed()
+            tag = "FLAKY" if event.get("flaky") else "FOUND"
+            self.say(f"{tag} {event.get('signature')} reproduced {event.get('reproduced')} -> {event.get('path')} "
+                     f"(minimized to {event.get('requests')} requests, {event.get('tokens')} tokens in "
+                     f"{event.get('minimize_seconds')}s)")
+
+    def totals(self) -> tuple[int, int | None, int | None]:
         """(executions, coverage, corpus size).  Executions: the workers' own counts or
         libFuzzer's, summed over the processes, whichever is ahead.  Coverage and corpus size:
-        those of the furthest libFuzzer process (they share one corpus directory, so their
-        sets overlap); None for the random engine."""
-        execs = sum(s[0] for s in worker_stats.values())
-        if not libfuzzer:
+        those of the furthest libFuzzer process (they share one corpus directory, so their sets
+        overlap); None for the random generator."""
+        execs = sum(int(w.progress.get("execs", 0)) for w in self.workers.values())
+        rows = [w.libfuzzer for w in self.workers.values() if w.libfuzzer]
+        if not rows:
             return execs, None, None
-        rows = libfuzzer.values()
         return max(execs, sum(r[0] for r in rows)), max(r[1] for r in rows), max(r[2] for r in rows)
 
-    def handle(line: str, pid: int) -> None:
-        nonlocal first_finding
-        if m := LIBFUZZER_LINE.match(line):
-            libfuzzer[pid] = (int(m[1]), int(m[2]), int(m[4]))
-            if r := RSS_LINE.search(line):
-                lf_rss[0] = max(lf_rss[0], int(r[1]))
-        elif m := STAT_LINE.match(line):
-            worker_stats[m[1]] = (int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6] or 0))
-        elif line.startswith(("FOUND ", "FLAKY ")):
-            if first_finding is None and line.startswith("FOUND "):
-                first_finding = time.monotonic() - start
-            print(f"[{time.monotonic() - start:6.1f}s] {line}", file=out, flush=True)
-        elif line.startswith("@@rss-limit"):
-            print(f"[{time.monotonic() - start:6.1f}s] worker stopped: {line[2:]}", file=out, flush=True)
-        if line and not line.startswith("@@"):
-            tail.append(line)
-            del tail[:-40]
-
-    stats_rows: list[str] = []
-    if cfg.stats_file is not None and cfg.stats_file.exists():
-        stats_rows = cfg.stats_file.read_text().splitlines()[1:]
-    offset = float(stats_rows[-1].split(",")[0]) if stats_rows else 0.0
-
-    def status() -> None:
-        execs, cov, corp = totals()
-        elapsed = max(time.monotonic() - start, 1e-9)
-        found = len(_existing(cfg.findings) - before)
-        dups = sum(s[3] for s in worker_stats.values())
-        rss = max([s[4] for s in worker_stats.values()] + lf_rss)
-        if cfg.stats_file is not None:
-            stats_rows.append(f"{offset + elapsed:.1f},{execs},{cov if cov is not None else ''},"
-                              f"{corp if corp is not None else ''},{found},{rss}")
-            atomic_write(cfg.stats_file, "seconds,execs,coverage,corpus,findings,rss_mb\n"
-                         + "\n".join(stats_rows) + "\n")
-        if cfg.quiet:
+    def status(self) -> None:
+        execs, cov, corp = self.totals()
+        elapsed = max(self.elapsed(), 1e-9)
+        found = sum(not e.get("flaky") for e in self.filed)
+        dups = sum(int(w.progress.get("dups", 0)) for w in self.workers.values())
+        rss = max([int(w.progress.get("rss_mb", 0)) for w in self.workers.values()] + [self.lf_rss])
+        if self.cfg.stats_file is not None:
+            self.stats_rows.append(f"{self.stats_offset + elapsed:.1f},{execs},{cov if cov is not None else ''},"
+                                   f"{corp if corp is not None else ''},{found},{rss}")
+            atomic_write(self.cfg.stats_file, "seconds,execs,coverage,corpus,findings,rss_mb\n"
+                         + "\n".join(self.stats_rows) + "\n")
+        if self.cfg.quiet:
             return
         print(f"[{elapsed:6.1f}s] execs {execs} ({execs / elapsed:.0f}/s)  cov {cov if cov is not None else '-'}  "
               f"corpus {corp if corp is not None else '-'}  findings {found} (dup hits {dups})  rss {rss}MB",
-              file=out, flush=True)
+              file=self.out, flush=True)
 
+    def problems(self, interrupted: bool) -> list[str]:
+        """Why this campaign does not count as having fuzzed: workers that never started, said
+        they cannot run, or died; and no input executed at all."""
+        out = []
+        for w in self.workers.values():
+            code = w.proc.returncode
+            last = w.tail[-1] if w.tail else "no output"
+            if w.error:
+                out.append(f"worker {w.proc.pid} cannot run: {w.error}")
+            elif not w.started and not interrupted:
+                out.append(f"worker {w.proc.pid} exited {code} before it started: {last}")
+            elif code not in NORMAL_EXITS and w.proc.pid not in self.stopped and not interrupted:
+                out.append(f"worker {w.proc.pid} died (exit {code}): {last}")
+        if not interrupted and self.totals()[0] == 0:
+            out.append("the campaign executed no input")
+        return out
+
+
+def _read_ready(sel: selectors.BaseSelector, campaign: Campaign) -> None:
+    for key, _ in sel.select(timeout=0.5):
+        w: _Worker = key.data
+        try:
+            chunk = os.read(key.fileobj.fileno(), 65536)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            sel.unregister(key.fileobj)
+            continue
+        w.buffer += chunk
+        *lines, w.buffer = w.buffer.split(b"\n")
+        for raw in lines:
+            campaign.handle(w, raw.decode(errors="replace").rstrip())
+
+
+def run_campaign(cfg: CampaignConfig, out: TextIO = sys.stdout) -> CampaignResult:
+    cfg.findings.mkdir(parents=True, exist_ok=True)
+    cfg.corpus.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="mambafuzz-campaign-"))
+    try:
+        return _run(cfg, out, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(cfg: CampaignConfig, out: TextIO, workdir: Path) -> CampaignResult:
+    campaign = Campaign(cfg, out)
+    sel = selectors.DefaultSelector()
+    for i, launch in enumerate(launches(cfg, workdir)):
+        config_path = launch.config.write(workdir / f"worker-{i}.json")
+        proc = subprocess.Popen(launch.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=_env(config_path), cwd=os.getcwd(), preexec_fn=_die_with_parent)
+        w = _Worker(proc)
+        campaign.workers[proc.pid] = w
+        os.set_blocking(proc.stdout.fileno(), False)
+        sel.register(proc.stdout, selectors.EVENT_READ, w)
+    procs = [w.proc for w in campaign.workers.values()]
+    interrupted = False
+    stopping: float | None = None  # when --stop-on-first began stopping the other jobs
+    last_status = campaign.start
     try:
         while any(p.poll() is None for p in procs) or sel.get_map():
-            for key, _ in sel.select(timeout=0.5):
-                p = key.data
-                try:
-                    chunk = os.read(key.fileobj.fileno(), 65536)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                buffers[p.pid] += chunk
-                *lines, buffers[p.pid] = buffers[p.pid].split(b"\n")
-                for raw in lines:
-                    handle(raw.decode(errors="replace").rstrip(), p.pid)
-            if cfg.stop_on_first and first_finding is not None:
-                # The finder has exited; the other jobs stop as on Ctrl-C, or by SIGTERM once
-                # STOP_GRACE has passed (a worker started with SIGINT ignored, as a shell without
-                # job control starts background jobs, never sees the SIGINT).
+            _read_ready(sel, campaign)
+            if cfg.stop_on_first and campaign.first_finding is not None:
+                # The other jobs stop as on Ctrl-C, or by SIGTERM once STOP_GRACE has passed (a
+                # worker started with SIGINT ignored, as a shell without job control starts
+                # background jobs, never sees the SIGINT).
                 if stopping is None:
                     stopping = time.monotonic()
-                    _signal_running(procs, signal.SIGINT)
+                    _signal_running(procs, signal.SIGINT, campaign.stopped)
                 elif time.monotonic() - stopping > STOP_GRACE:
-                    _signal_running(procs, signal.SIGTERM)
+                    _signal_running(procs, signal.SIGTERM, campaign.stopped)
             if time.monotonic() - last_status >= STATUS_EVERY:
                 last_status = time.monotonic()
-                status()
+                campaign.status()
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: stopping workers", file=out, flush=True)
-        _signal_running(procs, signal.SIGINT)
+        _signal_running(procs, signal.SIGINT, campaign.stopped)
         for p in procs:
             try:
                 p.wait(timeout=15)
@@ -244,11 +344,12 @@ def run_campaign(cfg: CampaignConfig, out=sys.stdout) -> CampaignResult:
                 p.kill()
     for p in procs:
         p.wait()
-    status()
-    execs, cov, corp = totals()
-    new_files = sorted(_existing(cfg.findings) - before)
-    return CampaignResult(new_files, execs, time.monotonic() - start, cov, corp, interrupted,
-                          [p.returncode for p in procs], first_finding, tail)
+    campaign.status()
+    execs, cov, corp = campaign.totals()
+    tail = [line for w in campaign.workers.values() for line in w.tail][-40:]
+    return CampaignResult([Path(e["path"]) for e in campaign.filed if e.get("path")], execs, campaign.elapsed(),
+                          cov, corp, interrupted, [p.returncode for p in procs], campaign.first_finding, tail,
+                          campaign.problems(interrupted))
 
 
 def finding_meta(path: Path) -> dict:

@@ -1,10 +1,9 @@
-"""What one fuzz execution does, whatever engine produced the input: decode, evaluate, file.
+"""What one fuzz execution does, whatever generator produced the input: decode, evaluate, file.
 
-Configured by environment variables so that libFuzzer's `-fork`/`-jobs` children, which
-re-run the target script with argv only, behave like their parent:
-  MAMBAFUZZ_SPLIT, MAMBAFUZZ_FINDINGS, MAMBAFUZZ_DECODER (bytes|hypothesis),
-  MAMBAFUZZ_STOP_ON_FIRST, MAMBAFUZZ_ENGINE, MAMBAFUZZ_MINIMIZE_BUDGET.
-Status lines start with "@@" and are read by the `mambafuzz fuzz` supervisor.
+Configured by one `WorkerConfig` (fuzz.worker_protocol: a file named in the environment, so
+libFuzzer's -fork/-merge children, which re-run the target with argv only, behave like their
+parent).  Reports to the `mambafuzz fuzz` supervisor in JSON events (`progress`, `finding`,
+`done`), never in free text.
 """
 
 from __future__ import annotations
@@ -12,39 +11,35 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
-from fuzz.finding_store import FindingStore, known_signatures
+from fuzz.finding_store import Filed, FindingStore, known_signatures
 from fuzz.inputs import decode_input
 from fuzz.pipeline import evaluate
 from fuzz.scenario import Scenario, ScenarioError
+from fuzz.worker_protocol import WorkerConfig, emit
 
 STATUS_EVERY = 3.0
 
 
 class Runtime:
-    def __init__(self, split: str, findings: str, decoder: str = "bytes", engine: str = "atheris",
-                 stop_on_first: bool = False, minimize_budget: float = 30.0, known_dirs: list[str] | None = None):
-        from pathlib import Path
-
-        self.split = split
-        self.engine = engine
-        self.stop_on_first = stop_on_first
-        known = known_signatures([Path(d) for d in (known_dirs or [])], split)
-        self.store = FindingStore(Path(findings), split, known=known, minimize_budget=minimize_budget)
-        self.decoder = decoder
+    def __init__(self, config: WorkerConfig):
+        self.config = config
+        self.split = config.split
+        self.generator = config.generator
+        self.stop_on_first = config.stop_on_first
+        known = known_signatures([Path(d) for d in config.known_dirs], config.split)
+        self.store = FindingStore(Path(config.findings), config.split, known=known,
+                                  minimize_budget=config.minimize_budget, announce=False)
+        self.decoder = config.decoder
         self.execs = 0
         self.rejected = 0
         self.started = time.monotonic()
         self._last_status = self.started
 
     @classmethod
-    def from_env(cls) -> Runtime:
-        env = os.environ
-        return cls(split=env.get("MAMBAFUZZ_SPLIT", "fixed"), findings=env.get("MAMBAFUZZ_FINDINGS", "findings"),
-                   decoder=env.get("MAMBAFUZZ_DECODER", "bytes"), engine=env.get("MAMBAFUZZ_ENGINE", "atheris"),
-                   stop_on_first=env.get("MAMBAFUZZ_STOP_ON_FIRST") == "1",
-                   minimize_budget=float(env.get("MAMBAFUZZ_MINIMIZE_BUDGET", "30")),
-                   known_dirs=[d for d in env.get("MAMBAFUZZ_KNOWN", "").split(os.pathsep) if d])
+    def from_environment(cls) -> Runtime:
+        return cls(WorkerConfig.from_environment())
 
     def decode(self, data: bytes) -> Scenario | None:
         return decode_input(data, self.decoder)
@@ -59,15 +54,23 @@ class Runtime:
             return False
         filed = None
         if not v.clean:
-            origin = dict(origin, engine=self.engine, execs=self.execs,
+            origin = dict(origin, engine=self.generator, execs=self.execs,
                           seconds=round(time.monotonic() - self.started, 2))
             filed = self.store.handle(scenario, v.primary.signature, v.primary.message, origin, raw)
+            if filed is not None:
+                self.report_finding(filed)
         self.maybe_status()
-        if filed is not None and self.stop_on_first:
+        if filed is not None and self.stop_on_first and not filed.flaky:
             self.status(final=True)
             sys.stdout.flush()
             os._exit(1)
         return filed is not None
+
+    def report_finding(self, filed: Filed) -> None:
+        emit("finding", signature=filed.signature, path=str(filed.path), flaky=filed.flaky,
+             reproduced=filed.repro_rate, requests=filed.size[0], tokens=filed.size[2],
+             minimize_seconds=round(filed.minimize_seconds, 2),
+             seconds=round(time.monotonic() - self.started, 2))
 
     def test_one_input(self, data: bytes) -> None:
         scenario = self.decode(data)
@@ -83,11 +86,11 @@ class Runtime:
             self._last_status = now
             self.status()
 
-    def status(self, final: bool = False) -> None:
-        print(f"@@stat pid={os.getpid()} execs={self.execs} rejected={self.rejected} "
-              f"findings={len(self.store.filed)} dups={self.store.duplicates} "
-              f"seconds={time.monotonic() - self.started:.1f} rss_mb={current_rss_mb():.0f}"
-              f"{' final=1' if final else ''}", flush=True)
+    def status(self, final: bool = False, **extra) -> None:
+        """A `progress` event, or the `done` event when `final`."""
+        emit("done" if final else "progress", execs=self.execs, rejected=self.rejected,
+             findings=len(self.store.filed), dups=self.store.duplicates,
+             seconds=round(time.monotonic() - self.started, 1), rss_mb=round(current_rss_mb()), **extra)
 
 
 def current_rss_mb() -> float:

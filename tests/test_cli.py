@@ -122,3 +122,17 @@ def test_repro_raw_reads_a_fuzzing_corpus_input_as_the_targets_decode_it(tmp_pat
     assert main(["repro", "--raw", str(big), str(tmp_path / "gone")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "more than a fuzz target reads" in err[0] and "no such file" in err[1]
+
+
+def test_a_crash_of_mambafuzz_itself_is_exit_3_in_one_line_never_a_finding(monkeypatch, capsys, first_chunk_file):
+    """An uncaught exception used to exit 1, the code for "violation found"."""
+    from fuzz import cli, pipeline
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated bug in mambafuzz\nsecond line")
+
+    monkeypatch.setattr(pipeline, "evaluate", broken)
+    assert cli.main(["repro", str(first_chunk_file)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "internal error: RuntimeError: simulated bug in mambafuzz" in err
+    assert "not a finding" in err

@@ -210,7 +210,7 @@ def _fake_campaign(monkeypatch, tmp_path, interrupted: bool):
 def test_fuzz_confirm_engine_confirms_each_minimized_finding_in_the_parent(tmp_path, fake, monkeypatch, capsys):
     real, flaky = _fake_campaign(monkeypatch, tmp_path, interrupted=False)
     fake.verdicts = {"prefix": "diverged"}
-    argv = ["fuzz", "--split", "prefix", "--engine", "random", "--max-time", "1", "--findings",
+    argv = ["fuzz", "--split", "prefix", "--generator", "random", "--max-time", "1", "--findings",
             str(tmp_path / "findings"), "--corpus", str(tmp_path / "corpus"), "--confirm-engine"]
     assert main(argv) == 1
     assert fake.calls == ["prefix"]  # the flaky one is not minimized: not confirmed
@@ -224,7 +224,7 @@ def test_fuzz_confirm_engine_confirms_each_minimized_finding_in_the_parent(tmp_p
 def test_fuzz_confirm_engine_after_ctrl_c_only_says_how(tmp_path, fake, monkeypatch, capsys):
     real, _ = _fake_campaign(monkeypatch, tmp_path, interrupted=True)
     before = real.read_bytes()
-    assert main(["fuzz", "--split", "prefix", "--engine", "random", "--max-time", "1", "--findings",
+    assert main(["fuzz", "--split", "prefix", "--generator", "random", "--max-time", "1", "--findings",
                  str(tmp_path / "findings"), "--corpus", str(tmp_path / "corpus"), "--confirm-engine"]) == 1
     assert fake.calls == [] and real.read_bytes() == before
     assert f"later: mambafuzz corpus confirm-engine {real}" in capsys.readouterr().out

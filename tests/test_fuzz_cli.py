@@ -19,7 +19,7 @@ def mambafuzz(*args, cwd, timeout=240):
 
 
 def test_random_engine_finds_the_prefix_bug_from_an_empty_corpus_and_files_it_minimized(tmp_path):
-    proc = mambafuzz("fuzz", "--split", "prefix", "--engine", "random", "--max-time", "60", "--stop-on-first",
+    proc = mambafuzz("fuzz", "--split", "prefix", "--generator", "random", "--max-time", "60", "--stop-on-first",
                      "--corpus", str(tmp_path / "corpus"), "--seeds", "--known", "--findings",
                      str(tmp_path / "findings"), cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -36,7 +36,7 @@ def test_random_engine_finds_the_prefix_bug_from_an_empty_corpus_and_files_it_mi
 def test_atheris_engine_runs_and_grows_the_corpus_on_fixed(tmp_path):
     pytest.importorskip("atheris")
     root = Path(__file__).resolve().parent.parent
-    proc = mambafuzz("fuzz", "--split", "fixed", "--engine", "atheris", "--runs", "150", "--max-time", "120",
+    proc = mambafuzz("fuzz", "--split", "fixed", "--generator", "atheris", "--runs", "150", "--max-time", "120",
                      "--corpus", str(tmp_path / "corpus"), "--seeds", "--findings", str(tmp_path / "findings"),
                      "--known", str(root / "corpus" / "regressions"), str(root / "corpus" / "upstream"), cwd=tmp_path)
     # 0, or 1 if it happened on a new variant of a vLLM behaviour (then it is filed like any finding)
@@ -114,7 +114,7 @@ def test_default_input_dirs_are_found_from_any_working_directory(tmp_path, monke
     (tmp_path / "mine").mkdir()
     assert cli_fuzz._input_dirs(["mine"], cli_fuzz.DEFAULT_KNOWN, "--known", "lost") == [Path("mine")]
     assert cli_fuzz._input_dirs([], cli_fuzz.DEFAULT_KNOWN, "--known", "lost") == []  # known signatures off
-    assert main(["fuzz", "--engine", "random", "--runs", "1", "--known", "typo"]) == 2
+    assert main(["fuzz", "--generator", "random", "--runs", "1", "--known", "typo"]) == 2
     assert "--known typo: no such directory" in capsys.readouterr().err
 
 
@@ -122,7 +122,7 @@ def test_atheris_jobs_run_as_separate_libfuzzer_processes_and_are_counted(tmp_pa
     """--jobs 2: two libFuzzer processes on one corpus, both counted in the summary (libFuzzer's
     -fork mode restarted Python for every job and its progress lines went uncounted: 0 executions)."""
     pytest.importorskip("atheris")
-    proc = mambafuzz("fuzz", "--split", "fixed", "--engine", "atheris", "--jobs", "2", "--runs", "80",
+    proc = mambafuzz("fuzz", "--split", "fixed", "--generator", "atheris", "--jobs", "2", "--runs", "80",
                      "--max-time", "200", "--corpus", str(tmp_path / "corpus"), "--seeds", "--known",
                      "--findings", str(tmp_path / "findings"), cwd=tmp_path, timeout=400)
     assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -131,21 +131,132 @@ def test_atheris_jobs_run_as_separate_libfuzzer_processes_and_are_counted(tmp_pa
     assert "-fork" not in proc.stdout
 
 
+def _stand_in(*lines: str, then: str = "") -> list[str]:
+    """A stand-in worker that prints `lines` (worker events) and then runs `then`."""
+    code = "".join(f"print({line!r}, flush=True); " for line in lines) + then
+    return [sys.executable, "-c", code]
+
+
+def _config(tmp_path, **kw):
+    from fuzz import supervisor
+
+    base = dict(generator="random", split="prefix", max_time=300, runs=0, jobs=2, seed=1, corpus=tmp_path / "c",
+                seed_dirs=[], findings=tmp_path / "f", known_dirs=[], stop_on_first=True, minimize_budget=1,
+                rss_limit_mb=0, quiet=True)
+    base.update(kw)
+    return supervisor.CampaignConfig(**base)
+
+
 def test_stop_on_first_stops_every_job(tmp_path, monkeypatch):
     """With --stop-on-first, the other jobs stop once one files a finding (before, they ran on to
     --max-time).  Stand-in workers: one reports a finding and exits, one would sleep for minutes
     with SIGINT ignored, as a job started by a shell without job control has it."""
     from fuzz import supervisor
+    from fuzz.worker_protocol import WorkerConfig
 
-    finder = [sys.executable, "-c", "print('FOUND slot_hash:short reproduced 3/3 -> x.json', flush=True); exit(1)"]
-    sleeper = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-                                     "print('@@stat pid=1 execs=5 rejected=0 findings=0 dups=0', flush=True); "
-                                     "time.sleep(300)"]
-    monkeypatch.setattr(supervisor, "_commands", lambda cfg: [sleeper, finder])
-    cfg = supervisor.CampaignConfig(
-        engine="random", split="prefix", max_time=300, runs=0, jobs=2, seed=1, corpus=tmp_path / "c",
-        seed_dirs=[], findings=tmp_path / "f", known_dirs=[], stop_on_first=True, minimize_budget=1,
-        rss_limit_mb=0, quiet=True)
-    result = supervisor.run_campaign(cfg, out=open(os.devnull, "w"))
-    assert sorted(result.exit_codes) != [0, 0] and result.first_finding_seconds is not None
+    started = '@@event {"event":"started","pid":1}'
+    finder = _stand_in(started, '@@event {"event":"progress","pid":1,"execs":3}',
+                       '@@event {"event":"finding","pid":1,"signature":"slot_hash:short","path":"x.json",'
+                       '"flaky":false,"reproduced":"3/3"}', then="exit(1)")
+    sleeper = _stand_in(started, '@@event {"event":"progress","pid":2,"execs":5}',
+                        then="import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(300)")
+    monkeypatch.setattr(supervisor, "launches", lambda cfg, workdir: [supervisor.Launch(sleeper, WorkerConfig()),
+                                                                      supervisor.Launch(finder, WorkerConfig())])
+    result = supervisor.run_campaign(_config(tmp_path), out=open(os.devnull, "w"))
+    assert result.first_finding_seconds is not None and result.new_files == [Path("x.json")]
     assert result.seconds < 120, result  # the sleeper was stopped, not waited for
+    assert result.problems == [] and result.execs == 8  # stopped by us: not a dead worker
+
+
+def test_a_campaign_that_ran_nothing_or_lost_a_worker_is_a_problem(tmp_path, monkeypatch):
+    """Workers that never start, say they cannot run, or die are each named; no execution at all
+    is named too.  (Before, such a campaign printed "0 executions" and passed.)"""
+    from fuzz import supervisor
+    from fuzz.worker_protocol import WorkerConfig
+
+    cases = {
+        "silent": (_stand_in("no vllm here", then="exit(0)"), ["exited 0 before it started: no vllm here",
+                                                                 "executed no input"]),
+        "error": (_stand_in('@@event {"event":"error","pid":1,"message":"ImportError: no vllm"}', then="exit(3)"),
+                  ["cannot run: ImportError: no vllm"]),
+        "dies": (_stand_in('@@event {"event":"started","pid":1}', '@@event {"event":"progress","pid":1,"execs":4}',
+                           "Traceback: boom", then="exit(77)"), ["died (exit 77): Traceback: boom"]),
+    }
+    for name, (argv, expected) in cases.items():
+        monkeypatch.setattr(supervisor, "launches", lambda cfg, workdir, argv=argv: [supervisor.Launch(argv,
+                                                                                                       WorkerConfig())])
+        result = supervisor.run_campaign(_config(tmp_path, jobs=1, stop_on_first=False), out=open(os.devnull, "w"))
+        for text in expected:
+            assert any(text in p for p in result.problems), (name, result.problems)
+    healthy = _stand_in('@@event {"event":"started","pid":1}', '@@event {"event":"done","pid":1,"execs":2}')
+    monkeypatch.setattr(supervisor, "launches", lambda cfg, workdir: [supervisor.Launch(healthy, WorkerConfig())])
+    assert supervisor.run_campaign(_config(tmp_path, jobs=1), out=open(os.devnull, "w")).problems == []
+
+
+def _python3_without_vllm(tmp_path) -> Path:
+    """A directory whose `python3` is an interpreter that cannot import vLLM."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if Path(candidate).exists() and subprocess.run([candidate, "-c", "import vllm"],
+                                                        capture_output=True).returncode != 0:
+            (bin_dir / "python3").symlink_to(candidate)
+            return bin_dir
+    script = bin_dir / "python3"
+    script.write_text("#!/bin/sh\necho 'this python3 has no vLLM' >&2\nexit 1\n")
+    script.chmod(0o755)
+    return bin_dir
+
+
+def test_workers_run_under_mambafuzz_own_interpreter_whatever_python3_is_first_on_path(tmp_path):
+    """The silent-green case: the atheris target used to start through `#!/usr/bin/env python3`,
+    so with a vLLM-less python3 first on PATH it fuzzed nothing and the campaign exited 0."""
+    pytest.importorskip("atheris")
+    env = dict(os.environ, PATH=f"{_python3_without_vllm(tmp_path)}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run([sys.executable, "-m", "fuzz.cli", "fuzz", "--generator", "atheris", "--runs", "30",
+                           "--max-time", "200", "--corpus", str(tmp_path / "c"), "--seeds", "--known",
+                           "--findings", str(tmp_path / "f")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert int(proc.stdout.split("summary: ")[1].split()[0]) >= 30
+    assert f"under {sys.executable}" in proc.stdout
+
+
+def test_a_worker_that_cannot_import_vllm_fails_the_campaign_in_one_line(tmp_path):
+    """Every generator: a worker whose vLLM import fails makes `mambafuzz fuzz` exit 3 (a tool
+    failure, never 0 or the 1 of a finding) and say why on one line per problem."""
+    fake = tmp_path / "fake"
+    (fake / "vllm").mkdir(parents=True)
+    (fake / "vllm" / "__init__.py").write_text("raise ImportError('simulated: this vLLM cannot be imported')\n")
+    from fuzz import supervisor
+
+    for generator in ("random", "atheris"):
+        if generator == "atheris":
+            pytest.importorskip("atheris")
+        cfg = _config(tmp_path / generator, generator=generator, jobs=1, runs=5, max_time=60, stop_on_first=False)
+        old = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = str(fake)  # only the workers start after this; vLLM is loaded here already
+        try:
+            result = supervisor.run_campaign(cfg, out=open(os.devnull, "w"))
+        finally:
+            if old is None:
+                os.environ.pop("PYTHONPATH")
+            else:
+                os.environ["PYTHONPATH"] = old
+        assert any("cannot run: ImportError: simulated" in p for p in result.problems), (generator, result)
+        assert "the campaign executed no input" in result.problems
+
+
+def test_cmd_fuzz_exits_3_with_one_line_per_problem(tmp_path, monkeypatch, capsys):
+    from fuzz import supervisor
+
+    def run_campaign(cfg):
+        return supervisor.CampaignResult([], 0, 1.0, None, None, False, [3], None, ["ImportError: x"],
+                                         ["worker 7 cannot run: ImportError: x", "the campaign executed no input"])
+
+    monkeypatch.setattr(supervisor, "run_campaign", run_campaign)
+    assert main(["fuzz", "--generator", "random", "--max-time", "1", "--corpus", str(tmp_path / "c"),
+                 "--findings", str(tmp_path / "f")]) == 3
+    err = capsys.readouterr().err
+    assert "mambafuzz: worker 7 cannot run: ImportError: x" in err and "Traceback" not in err
+    assert "did not really run" in err

@@ -19,6 +19,7 @@ from fuzz.generate import random_scenario
 from fuzz.inputs import decode_input, iter_input_files
 from fuzz.report import trace_digest
 from fuzz.scenario import validate
+from fuzz.worker_protocol import parse_event
 from tests.conftest import first_chunk_scenario, shared_prefix_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,8 +73,9 @@ def _fork_worker(target, *args) -> tuple[int, int]:
 
 def _fuzz_child(findings: str, seed: int) -> None:
     from fuzz.target_runtime import Runtime
+    from fuzz.worker_protocol import WorkerConfig
 
-    rt = Runtime(split="prefix", findings=findings, engine="random", minimize_budget=5.0)
+    rt = Runtime(WorkerConfig(split="prefix", findings=findings, generator="random", minimize_budget=5.0))
     rng = random.Random(seed)
     while True:
         s = random_scenario(random.Random(rng.getrandbits(32)))
@@ -138,8 +140,9 @@ def test_sigkill_at_random_moments_never_leaves_a_partial_file(tmp_path):
         kills += 1
         out = _read_all(fd)
         for line in out.splitlines():
-            if line.startswith("FOUND "):
-                path = Path(line.split(" -> ")[1].split(" (")[0])
+            event = parse_event(line)
+            if event and event["event"] == "finding":
+                path = Path(event["path"])
                 assert path.exists(), f"announced but missing: {path}"
                 assert json.loads(path.read_text())["finding"]["signature"]
                 announced += 1
@@ -163,7 +166,7 @@ def _sigint_default() -> None:
 
 
 def test_sigint_ends_a_fuzz_run_with_its_summary(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "fuzz.cli", "fuzz", "--split", "prefix", "--engine", "random",
+    proc = subprocess.Popen([sys.executable, "-m", "fuzz.cli", "fuzz", "--split", "prefix", "--generator", "random",
                              "--max-time", "300", "--corpus", str(tmp_path / "c"), "--seeds", "--known",
                              "--findings", str(tmp_path / "f")], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, preexec_fn=_sigint_default)
@@ -258,7 +261,7 @@ def test_junk_in_a_corpus_directory_is_skipped_with_one_warning_each(tmp_path):
 def test_two_fuzz_processes_can_share_one_corpus(tmp_path):
     pytest.importorskip("atheris")
     corpus, findings = tmp_path / "corpus", tmp_path / "findings"
-    procs = [subprocess.Popen([sys.executable, "-m", "fuzz.cli", "fuzz", "--split", "prefix", "--engine", "atheris",
+    procs = [subprocess.Popen([sys.executable, "-m", "fuzz.cli", "fuzz", "--split", "prefix", "--generator", "atheris",
                                "--seed", str(seed), "--max-time", "20", "--corpus", str(corpus), "--seeds",
                                "--known", "--findings", str(findings), "--quiet", "--minimize-budget", "3"],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

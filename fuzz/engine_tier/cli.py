@@ -12,12 +12,11 @@ import json
 import sys
 from typing import Any
 
-EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE
+from fuzz.splits_help import SPLIT_HELP
 
 
 def add_engine_commands(sub: Any) -> None:
-    from fuzz.cli import SPLIT_HELP
-
     e = sub.add_parser(
         "engine-repro", help="replay scenario files on a real vLLM engine, prefix caching on vs off",
         description="Run each scenario through a real in-process vLLM engine (CPU backend, the tiny qwen3_next "

@@ -1,23 +1,35 @@
 #!/usr/bin/env python3
 """atheris target: libFuzzer mutates bytes, the shared input model decodes them into a
-scenario, and vLLM's real scheduler runs it.  Coverage comes from vLLM's scheduling and
-KV-cache modules and from our own decoder.  Run directly with libFuzzer flags, e.g.
-    fuzz/targets/fuzz_scheduler.py CORPUS_DIR -max_total_time=60
-or through `mambafuzz fuzz --engine atheris`.  Set MAMBAFUZZ_DECODER=hypothesis to decode
-with the Hypothesis strategy instead (what `--engine hypothesis` does)."""
+scenario, and vLLM's real scheduler runs it.
+
+Coverage feedback comes from vLLM's scheduling and KV-cache modules (`vllm.v1.core.*`,
+`vllm.v1.kv_cache_interface`) and from our decoders, and from nothing else
+(fuzz.instrumentation explains why atheris' own import hook cannot do that).  Run it with the
+interpreter that has vLLM, with libFuzzer flags, e.g.
+    .venv/bin/python fuzz/targets/fuzz_scheduler.py CORPUS_DIR -max_total_time=60
+or through `mambafuzz fuzz --generator atheris|hypothesis`, which passes a WorkerConfig file
+(fuzz.worker_protocol) and reads this process's JSON events.
+"""
 
 import os
 import sys
 
-import atheris
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-with atheris.instrument_imports(include=["vllm.v1.core", "vllm.v1.kv_cache_interface", "fuzz.generate"]):
+from fuzz.worker_protocol import emit  # noqa: E402  (no vLLM import)
+
+try:
+    import atheris
+
+    from fuzz.instrumentation import COVERAGE_MODULES, instrument_modules
     from fuzz.target_runtime import Runtime
 
-RUNTIME = Runtime.from_env()
+    INSTRUMENTED = instrument_modules(COVERAGE_MODULES)
+    RUNTIME = Runtime.from_environment()
+except Exception as exc:  # noqa: BLE001 - one event, then a tool-failure exit; never a "crash" finding
+    emit("error", message=f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", python=sys.executable)
+    sys.exit(3)
 
 
 def TestOneInput(data: bytes) -> None:
@@ -25,5 +37,6 @@ def TestOneInput(data: bytes) -> None:
 
 
 if __name__ == "__main__":
+    emit("started", generator=RUNTIME.generator, python=sys.executable, instrumented_functions=INSTRUMENTED)
     atheris.Setup(sys.argv, TestOneInput)
     atheris.Fuzz()
