@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from typing import Protocol
 
-from fuzz.scenario import EngineConfig, RequestSpec, Scenario, ample_pool_blocks, min_pool_blocks
+from fuzz.scenario import EngineConfig, Knob, RequestSpec, Scenario, ample_pool_blocks, knobs, min_pool_blocks
 
 BASE_BLOCK_SIZES = (8, 16, 32)  # the finest block; mamba blocks are multiples, hash units divisors
 MAX_GEN_REQUESTS = 5
@@ -118,7 +118,7 @@ def draw_engine(src: Source) -> EngineConfig:
     threshold = src.int(1, min(budget, 2 * mamba)) if src.int(0, 3) == 0 else 0
     checkpoint = src.int(0, 3) == 0
     retention = _pick(src, (0, 0, None, mamba, 2 * mamba))
-    return EngineConfig(
+    engine = EngineConfig(
         mamba_block_size=mamba,
         attn_block_size=attn,
         prefix_match_unit=unit,
@@ -132,6 +132,33 @@ def draw_engine(src: Source) -> EngineConfig:
         enable_mamba_shared_prefix_checkpoint=src.int(0, 3) == 0,
         prefix_cache_retention_interval=retention,
     )
+    for name, k in knobs().items():  # a knob with no distribution of its own gets a generic one
+        if k.generate and name not in DRAWN_HERE:
+            setattr(engine, name, _draw_knob(src, k))
+    return engine
+
+
+# The knobs draw_engine and draw_scenario give hand-made distributions (block boundaries,
+# divisors, budgets that fragment chunks); every other knob is drawn by _draw_knob.
+DRAWN_HERE = frozenset({
+    "mamba_block_size", "attn_block_size", "prefix_match_unit", "max_num_batched_tokens",
+    "long_prefill_token_threshold", "max_num_seqs", "spec_method", "num_speculative_tokens",
+    "num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment", "enable_mamba_shared_prefix_checkpoint",
+    "prefix_cache_retention_interval", "num_gpu_blocks",
+})
+
+
+def _draw_knob(src: Source, k: Knob) -> object:
+    """A value from a knob's declared range: its simplest value half of the time."""
+    if k.kind == "bool":
+        return src.bool()
+    if k.kind == "choice":
+        return _pick(src, k.choices)
+    if k.optional and src.bool():
+        return None
+    if src.bool() and k.simplest is not None:
+        return k.simplest
+    return src.int(k.lo, min(k.hi if k.hi is not None else k.lo + 64, k.lo + 64))
 
 
 def draw_scenario(src: Source) -> Scenario:

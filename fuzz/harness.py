@@ -81,7 +81,7 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
     (checked every step, with a SIGALRM backstop for a hang inside one vLLM call)."""
     engine = scenario.engine
     if not prefix_caching:
-        engine = _without_prefix_caching(engine)
+        engine = engine.without_prefix_caching()
     num_blocks = engine.num_gpu_blocks or ample_pool_blocks(scenario)
     trace = Trace(split=split_name, prefix_caching=prefix_caching, step_bound=scenario.liveness_bound(),
                   mamba_block_size=engine.mamba_block_size,
@@ -108,14 +108,6 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
     return trace
-
-
-def _without_prefix_caching(e):
-    import dataclasses
-
-    return dataclasses.replace(e, enable_prefix_caching=False, prefix_match_unit=None,
-                               num_prefill_checkpoint_blocks=0, prefill_checkpoint_alignment=None,
-                               enable_mamba_shared_prefix_checkpoint=False)
 
 
 class _Runner:

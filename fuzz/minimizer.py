@@ -13,7 +13,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
-from fuzz.scenario import EngineConfig, Scenario, ScenarioError, validate
+from fuzz.scenario import EngineConfig, Scenario, ScenarioError, knobs, validate
 
 Predicate = Callable[[Scenario], bool]
 _DEFAULT_ENGINE = EngineConfig()
@@ -76,14 +76,11 @@ def _int_fields(s: Scenario) -> Iterator[tuple[Callable[[Scenario], object], str
             yield req, "abort_step", r.abort_step, r.arrival_step
     for p, length in enumerate(s.prefixes):
         yield (lambda c: c.prefixes), p, length, 1
-    e = s.engine
     def eng(c):
         return c.engine
-    yield eng, "max_num_batched_tokens", e.max_num_batched_tokens, 1
-    yield eng, "long_prefill_token_threshold", e.long_prefill_token_threshold, 0
-    yield eng, "max_num_seqs", e.max_num_seqs, 1
-    yield eng, "num_speculative_tokens", e.num_speculative_tokens, 0
-    yield eng, "num_prefill_checkpoint_blocks", e.num_prefill_checkpoint_blocks, 0
+    for name, k in knobs().items():
+        if k.kind == "int" and k.shrink and not k.optional and k.simplest is not None:
+            yield eng, name, getattr(s.engine, name), k.simplest
     yield (lambda c: c), "token_seed", s.token_seed, 0
 
 
@@ -94,33 +91,36 @@ def _set(obj, name, value) -> None:
         setattr(obj, name, value)
 
 
+def _with_engine_value(s: Scenario, name: str, value: object) -> Scenario:
+    """A copy with engine knob `name` set to `value`, its declared companions set with it when
+    that is its simplest value, and the acceptance table dropped once nothing is speculated."""
+    c = copy.deepcopy(s)
+    setattr(c.engine, name, value)
+    k = knobs()[name]
+    if value == k.simplest:
+        for other, other_value in k.companions:
+            setattr(c.engine, other, other_value)
+    if not c.engine.uses_spec_decode:
+        c.acceptance = []
+    return c
+
+
 def _shrink_numbers(s: Scenario) -> Iterator[Scenario]:
     for getter, name, value, lo in _int_fields(s):
         for v in _shrink_int(value, lo):
+            if getter(s) is s.engine:
+                yield _with_engine_value(s, name, v)
+                continue
             c = copy.deepcopy(s)
             _set(getter(c), name, v)
-            if name == "num_speculative_tokens" and v == 0:
-                c.engine.spec_method = "none"
-                c.acceptance = []
             yield c
 
 
 def _simplify_engine(s: Scenario) -> Iterator[Scenario]:
     e = s.engine
-    simple = {
-        "spec_method": "none", "num_gpu_blocks": None, "enable_mamba_shared_prefix_checkpoint": False,
-        "prefix_cache_retention_interval": 0, "prefill_checkpoint_alignment": None, "prefix_match_unit": None,
-    }
-    for name, value in simple.items():
-        if getattr(e, name) != value:
-            c = copy.deepcopy(s)
-            setattr(c.engine, name, value)
-            if name == "spec_method":
-                c.engine.num_speculative_tokens = 0
-                c.acceptance = []
-            if name == "prefill_checkpoint_alignment":
-                c.engine.num_prefill_checkpoint_blocks = 0
-            yield c
+    for name, k in knobs().items():  # switches, choices and optional knobs go straight to their simplest
+        if (k.kind != "int" or k.optional) and getattr(e, name) != k.simplest:
+            yield _with_engine_value(s, name, k.simplest)
     for r_i, r in enumerate(s.requests):
         if r.abort_step is not None:
             c = copy.deepcopy(s)

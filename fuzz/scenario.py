@@ -41,24 +41,70 @@ class ScenarioError(ValueError):
         super().__init__("; ".join(problems))
 
 
+KEEP = object()  # Knob.uncached: the field keeps its value when prefix caching is off
+
+
+@dataclass(frozen=True)
+class Knob:
+    """What the rest of the tool needs to know about one engine-config field, declared once.
+
+    Validation (`validate`), the generator (`fuzz.generate`, for knobs it has no hand-made
+    distribution for), the minimizer's passes, the config cache key (`fuzz.vllm_bridge`) and
+    the prefix-caching-off twin (`EngineConfig.without_prefix_caching`) are all derived from it,
+    so adding a knob is one field here plus tests."""
+
+    kind: str  # "int", "bool" or "choice"
+    lo: int = 0
+    hi: int | None = None
+    optional: bool = False  # None is allowed (vLLM's default / not set)
+    choices: tuple[str, ...] = ()
+    simplest: Any = None  # what the minimizer tries first; None for an optional knob means "unset"
+    shrink: bool = True  # the minimizer may move it towards `simplest` (False: a pass of its own does)
+    companions: tuple[tuple[str, Any], ...] = ()  # fields set with it when it takes its simplest value
+    build_key: bool = True  # part of the VllmConfig this config builds (the config cache key)
+    uncached: Any = KEEP  # its value in the twin run with prefix caching off
+    generate: bool = True  # drawn generically when fuzz.generate has no distribution of its own
+
+
+def knob(default: Any, **spec: Any) -> Any:
+    """A dataclass field carrying its Knob."""
+    return field(default=default, metadata={"knob": Knob(**spec)})
+
+
+@functools.cache
+def knobs() -> dict[str, Knob]:
+    """Every EngineConfig field's Knob, in field order."""
+    return {f.name: f.metadata["knob"] for f in dataclasses.fields(EngineConfig)}
+
+
 @dataclass
 class EngineConfig:
     """The vLLM knobs that change how align-mode chunks are cut and states cached."""
 
-    mamba_block_size: int = 256
-    attn_block_size: int = 16
-    prefix_match_unit: int | None = None  # None: vLLM default (gcd of the group block sizes)
-    max_num_batched_tokens: int = 512
-    long_prefill_token_threshold: int = 0
-    max_num_seqs: int = 8
-    num_gpu_blocks: int | None = None  # None: sized so nothing is ever preempted
-    spec_method: str = "none"
-    num_speculative_tokens: int = 0
-    num_prefill_checkpoint_blocks: int = 0
-    prefill_checkpoint_alignment: int | None = None
-    enable_mamba_shared_prefix_checkpoint: bool = False
-    prefix_cache_retention_interval: int | None = 0
-    enable_prefix_caching: bool = True
+    mamba_block_size: int = knob(256, kind="int", lo=8, hi=1 << 16, shrink=False)
+    attn_block_size: int = knob(16, kind="int", lo=1, hi=1 << 12, shrink=False)
+    # None: vLLM default (gcd of the group block sizes)
+    prefix_match_unit: int | None = knob(None, kind="int", lo=1, hi=1 << 16, optional=True, uncached=None)
+    max_num_batched_tokens: int = knob(512, kind="int", lo=1, hi=1 << 16, simplest=1)
+    long_prefill_token_threshold: int = knob(0, kind="int", lo=0, hi=1 << 16, simplest=0)
+    max_num_seqs: int = knob(8, kind="int", lo=1, hi=256, simplest=1)
+    # None: sized so nothing is ever preempted
+    num_gpu_blocks: int | None = knob(None, kind="int", lo=1, hi=MAX_POOL_BLOCKS, optional=True, build_key=False)
+    spec_method: str = knob("none", kind="choice", choices=SPEC_METHODS, simplest="none",
+                            companions=(("num_speculative_tokens", 0),))
+    num_speculative_tokens: int = knob(0, kind="int", lo=0, hi=8, simplest=0, companions=(("spec_method", "none"),))
+    num_prefill_checkpoint_blocks: int = knob(0, kind="int", lo=0, hi=4, simplest=0, build_key=False, uncached=0)
+    prefill_checkpoint_alignment: int | None = knob(None, kind="int", lo=1, hi=1 << 16, optional=True,
+                                                    companions=(("num_prefill_checkpoint_blocks", 0),),
+                                                    build_key=False, uncached=None)
+    enable_mamba_shared_prefix_checkpoint: bool = knob(False, kind="bool", simplest=False, uncached=False)
+    prefix_cache_retention_interval: int | None = knob(0, kind="int", lo=0, hi=1 << 20, optional=True, simplest=0)
+    enable_prefix_caching: bool = knob(True, kind="bool", simplest=True, uncached=False, generate=False)
+
+    def without_prefix_caching(self) -> EngineConfig:
+        """The same engine with prefix caching off: the differential's twin."""
+        changes = {name: k.uncached for name, k in knobs().items() if k.uncached is not KEEP}
+        return dataclasses.replace(self, **changes)
 
     @property
     def hash_block_size(self) -> int:
@@ -246,23 +292,15 @@ def validate(s: Scenario) -> list[str]:
     are reported here, so they never reach vLLM as crashes."""
     p: list[str] = []
     e = s.engine
-    _check_int(p, "engine.mamba_block_size", e.mamba_block_size, 8, 1 << 16)
-    _check_int(p, "engine.attn_block_size", e.attn_block_size, 1, 1 << 12)
-    _check_int(p, "engine.prefix_match_unit", e.prefix_match_unit, 1, 1 << 16, optional=True)
-    _check_int(p, "engine.max_num_batched_tokens", e.max_num_batched_tokens, 1, 1 << 16)
-    _check_int(p, "engine.long_prefill_token_threshold", e.long_prefill_token_threshold, 0, 1 << 16)
-    _check_int(p, "engine.max_num_seqs", e.max_num_seqs, 1, 256)
-    _check_int(p, "engine.num_gpu_blocks", e.num_gpu_blocks, 1, MAX_POOL_BLOCKS, optional=True)
-    _check_int(p, "engine.num_speculative_tokens", e.num_speculative_tokens, 0, 8)
-    _check_int(p, "engine.num_prefill_checkpoint_blocks", e.num_prefill_checkpoint_blocks, 0, 4)
-    _check_int(p, "engine.prefill_checkpoint_alignment", e.prefill_checkpoint_alignment, 1, 1 << 16, optional=True)
-    _check_int(p, "engine.prefix_cache_retention_interval", e.prefix_cache_retention_interval, 0, 1 << 20, optional=True)
-    _check_int(p, "token_seed", s.token_seed, 0, (1 << 63) - 1)
-    for name in ("enable_mamba_shared_prefix_checkpoint", "enable_prefix_caching"):
-        if not isinstance(getattr(e, name), bool):
+    for name, k in knobs().items():
+        value = getattr(e, name)
+        if k.kind == "int":
+            _check_int(p, f"engine.{name}", value, k.lo, k.hi, optional=k.optional)
+        elif k.kind == "bool" and not isinstance(value, bool):
             p.append(f"engine.{name} must be true or false")
-    if e.spec_method not in SPEC_METHODS:
-        p.append(f"engine.spec_method must be one of {', '.join(SPEC_METHODS)}, got {e.spec_method!r}")
+        elif k.kind == "choice" and value not in k.choices:
+            p.append(f"engine.{name} must be one of {', '.join(k.choices)}, got {value!r}")
+    _check_int(p, "token_seed", s.token_seed, 0, (1 << 63) - 1)
     if p:
         return p  # the arithmetic below needs well-typed numbers
     if e.mamba_block_size % 8:

@@ -55,7 +55,7 @@ from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput 
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from fuzz.scenario import EngineConfig  # noqa: E402
+from fuzz.scenario import EngineConfig, knobs  # noqa: E402
 
 for _name in ("vllm", "vllm.config", "vllm.v1"):
     logging.getLogger(_name).setLevel(logging.ERROR)
@@ -79,13 +79,12 @@ def _model_config() -> ModelConfig:
     return ModelConfig(model=str(TINY_MODEL_DIR), skip_tokenizer_init=True, max_model_len=16384)
 
 
+_BUILD_KEY_FIELDS = tuple(name for name, k in knobs().items() if k.build_key)
+
+
 def _engine_key(e: EngineConfig, max_model_len: int) -> tuple:
-    return (
-        e.mamba_block_size, e.attn_block_size, e.hash_block_size, e.max_num_batched_tokens,
-        e.long_prefill_token_threshold, e.max_num_seqs, e.spec_method, e.num_speculative_tokens,
-        e.enable_mamba_shared_prefix_checkpoint, e.prefix_cache_retention_interval,
-        e.enable_prefix_caching, max_model_len,
-    )
+    """What a VllmConfig built from `e` depends on (the knobs declared `build_key`)."""
+    return (*(getattr(e, name) for name in _BUILD_KEY_FIELDS), e.hash_block_size, max_model_len)
 
 
 _VLLM_CONFIGS: dict[tuple, VllmConfig] = {}

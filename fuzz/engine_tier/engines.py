@@ -59,8 +59,8 @@ class EngineSpec:
 
     @classmethod
     def for_scenario(cls, s: Scenario, prefix_caching: bool) -> EngineSpec:
-        e = s.engine
-        caching = prefix_caching and e.enable_prefix_caching
+        caching = prefix_caching and s.engine.enable_prefix_caching
+        e = s.engine if caching else s.engine.without_prefix_caching()
         return cls(
             block_size=e.mamba_block_size,
             prefix_caching=caching,
@@ -72,7 +72,7 @@ class EngineSpec:
             num_gpu_blocks=e.num_gpu_blocks,
             max_model_len=s.max_model_len() if e.num_gpu_blocks else SHARED_MAX_MODEL_LEN,
             prefix_cache_retention_interval=e.prefix_cache_retention_interval if caching else 0,
-            enable_mamba_shared_prefix_checkpoint=e.enable_mamba_shared_prefix_checkpoint and caching,
+            enable_mamba_shared_prefix_checkpoint=e.enable_mamba_shared_prefix_checkpoint,
             spec_method=e.spec_method if e.uses_spec_decode else None,
             num_speculative_tokens=e.num_speculative_tokens if e.uses_spec_decode else 0,
         )

@@ -1,0 +1,95 @@
+"""Verdicts and trace digests over the whole corpus plus N generated scenarios, to show that a
+refactor changed nothing a run does.  Record before, compare after:
+
+    python bench/trace_digests.py --generated 300 --out /tmp/before.jsonl
+    ... change the code ...
+    python bench/trace_digests.py --generated 300 --compare /tmp/before.jsonl
+
+Each row: the input, the split, the verdict's signatures, and digests of the cached and the
+uncached traces (fuzz.report.trace_digest: every step record, chunk, write, cache entry and
+output).  Exit 1 and one line per difference when --compare finds any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fuzz.corpus import iter_cases  # noqa: E402
+from fuzz.generate import random_scenario  # noqa: E402
+from fuzz.inputs import decode_input, iter_input_files  # noqa: E402
+from fuzz.pipeline import evaluate  # noqa: E402
+from fuzz.report import trace_digest  # noqa: E402
+from fuzz.scenario import ScenarioError, validate  # noqa: E402
+
+
+def inputs(generated: int):
+    dirs = [ROOT / "corpus" / d for d in ("seeds", "regressions", "upstream")]
+    for case in iter_cases([d for d in dirs if d.exists()], warn=lambda msg: None):
+        yield str(case.path.relative_to(ROOT)), case.scenario
+    for path, data in iter_input_files([ROOT / "corpus" / "generated"], {}):
+        s = decode_input(data)
+        if s is not None:
+            yield str(path.relative_to(ROOT)), s
+    rng = random.Random(20261201)
+    made = 0
+    while made < generated:
+        seed = rng.getrandbits(63)
+        s = random_scenario(random.Random(seed))
+        if not validate(s):
+            made += 1
+            yield f"random:{seed}", s
+
+
+def rows(generated: int, splits: list[str]):
+    for name, scenario in inputs(generated):
+        for split in splits:
+            try:
+                ev = evaluate(scenario, split, efficiency=False)
+            except ScenarioError as exc:
+                yield {"input": name, "split": split, "rejected": "; ".join(exc.problems)}
+                continue
+            yield {"input": name, "split": split,
+                   "signatures": [f.signature for f in ev.verdict.findings],
+                   "cached": trace_digest(ev.trace), "uncached": trace_digest(ev.uncached) if ev.uncached else None}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--generated", type=int, default=300, help="generated scenarios beside the corpus (default 300)")
+    p.add_argument("--splits", nargs="+", default=["fixed", "prefix"])
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--out", type=Path, help="write the rows here (JSON lines)")
+    g.add_argument("--compare", type=Path, help="compare against rows written before")
+    args = p.parse_args()
+    if args.generated < 0:
+        print("trace_digests: --generated must not be negative", file=sys.stderr)
+        return 2
+    got = list(rows(args.generated, args.splits))
+    if args.out:
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in got))
+        print(f"trace_digests: {len(got)} evaluations written to {args.out}")
+        return 0
+    try:
+        before = [json.loads(line) for line in args.compare.read_text().splitlines()]
+    except (OSError, ValueError) as exc:
+        print(f"trace_digests: cannot read {args.compare}: {exc}", file=sys.stderr)
+        return 2
+    old = {(r["input"], r["split"]): r for r in before}
+    diffs = [f"{r['input']} [{r['split']}]: before {old.get((r['input'], r['split']))}, now {r}"
+             for r in got if old.get((r["input"], r["split"])) != r]
+    missing = len(set(old) - {(r["input"], r["split"]) for r in got})
+    for line in diffs:
+        print(line)
+    print(f"trace_digests: {len(got)} evaluations, {len(diffs)} differ, {missing} missing now")
+    return 1 if diffs or missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
