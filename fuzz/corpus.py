@@ -107,6 +107,21 @@ def case_json(scenario: Scenario, expected: dict[str, str] | None = None, **extr
     return json.dumps(raw, indent=1) + "\n"
 
 
+def _umask() -> int:
+    """The process umask: from /proc where Linux shows it, else by setting it and straight back
+    (which briefly changes it for other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> None:
     """Write to a temporary file in the same directory, fsync it, then rename it into place:
     a reader sees the old file or the whole new one, never a torn one."""
@@ -115,6 +130,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> None:
     blob = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0600; a plain open() would honour the umask
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
             f.flush()

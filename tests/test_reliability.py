@@ -299,3 +299,16 @@ def test_stale_temporary_files_are_swept(tmp_path):
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     FindingStore(tmp_path, "fixed", announce=False)
     assert not old.exists() and fresh.exists()  # a fresh one may belong to a live writer
+
+
+def test_atomic_write_honours_the_umask(tmp_path):
+    """Findings and corpus files used to be 0600 whatever the umask (mkstemp's mode)."""
+    old = os.umask(0o022)
+    try:
+        atomic_write(tmp_path / "a.json", "{}")
+        os.umask(0o077)
+        atomic_write(tmp_path / "b.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "b.json").stat().st_mode & 0o777 == 0o600
