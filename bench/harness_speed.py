@@ -114,7 +114,7 @@ def bare_run(s: Scenario, prompts: list[list[int]], prefix_caching: bool = True)
     returns the number of engine steps taken (to check it matches the harness).  `prompts`
     are the scenario's prompt token ids, built once outside the timing: turning a scenario
     into token ids is harness work, not vLLM's."""
-    engine = s.engine if prefix_caching else harness._without_prefix_caching(s.engine)
+    engine = s.engine if prefix_caching else s.engine.without_prefix_caching()
     num_blocks = engine.num_gpu_blocks or ample_pool_blocks(s)
     session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None)
     spec = engine.uses_spec_decode
