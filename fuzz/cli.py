@@ -1,6 +1,7 @@
 """`mambafuzz`: replay, fuzz, minimize and curate scenarios against vLLM's real scheduler.
 
-Exit codes everywhere: 0 clean / nothing found, 1 violation found, 2 bad input or usage.
+Exit codes everywhere (fuzz/exit_codes.py): 0 clean / nothing found, 1 violation found, 2 bad input or
+usage, 3 the tool cannot run here (an unsupported vLLM: one line naming what is missing).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE
+from fuzz.vllm_compat import VllmUnsupported
 
 SPLIT_HELP = ("chunk split under test: fixed (installed vLLM, default), prefix (pre-fix behaviour, both gates), "
               "realign (only the pre-fix mid-block realign gate), or package.module:function "
@@ -28,8 +30,20 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from fuzz.vllm_compat.about import version_line  # imports vLLM only when asked
+
+        print(version_line())
+        raise SystemExit(EXIT_CLEAN)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="mambafuzz", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=_VersionAction, help="print the mambafuzz and vLLM versions (and vLLM's path)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -73,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"mambafuzz: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except VllmUnsupported as exc:
+        print(f"mambafuzz: {exc}", file=sys.stderr)
+        return EXIT_TOOL
     except KeyboardInterrupt:
         print("mambafuzz: interrupted", file=sys.stderr)
         return 130
