@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--decoder", choices=("bytes", "hypothesis"), default="bytes",
                    help="with --raw: the decoder of the engine that kept the input: bytes (atheris, random; "
                         "the default) or hypothesis (--engine hypothesis)")
+    r.add_argument("--all-versions", action="store_true",
+                   help="replay in every vLLM environment found (this one, .venv-vllm-* in the checkout, the "
+                        "environments MAMBAFUZZ_VLLM_ENVS lists) and say in which each case reproduces")
     r.add_argument("--print-scenario", action="store_true",
                    help="print the scenario JSON each FILE stands for (with --raw: what the input decodes to) "
                         "instead of running it, to save and edit")
@@ -110,6 +113,10 @@ def cmd_repro(args: argparse.Namespace) -> int:
     from fuzz.report import describe, step_table, trace_digest
     from fuzz.scenario import ScenarioError, engine_realism_notes
 
+    if args.all_versions:
+        from fuzz.repro_versions import repro_all_versions
+
+        return repro_all_versions(args.files, args.split)
     _split_or_usage(args.split)
     worst = EXIT_CLEAN
     for path in args.files:

@@ -74,7 +74,7 @@ SplitFn = Callable[..., int]
 
 init_none_hash(sha256)
 
-VLLM = describe_vllm()
+VLLM = describe_vllm(with_path=False)  # per-input messages; `mambafuzz --version` gives the path
 # Knob values that mean "this release's own behaviour", so a release without the knob can run
 # inputs that leave it there. Retention 0 is "vLLM's default": dense on releases before the knob.
 OFF_VALUES: dict[str, tuple] = {
@@ -160,12 +160,12 @@ def vllm_config_for(e: EngineConfig, max_model_len: int) -> VllmConfig:
 
 def _checked_config(e: EngineConfig, max_model_len: int) -> VllmConfig:
     if e.enable_prefix_caching and e.num_prefill_checkpoint_blocks and not PREFILL_CHECKPOINTS:
-        raise ConfigRejected(f"cannot run on this vLLM: {VLLM} has no prefill-checkpoint rule "
+        raise ConfigRejected(f"cannot run on {VLLM}: no prefill-checkpoint rule "
                              "(get_mamba_prefill_checkpoint_position) for num_prefill_checkpoint_blocks > 0")
     try:
         return vllm_config_for(e, max_model_len)
     except features.FeatureAbsent as exc:
-        raise ConfigRejected(f"cannot run on this vLLM: {exc}") from None
+        raise ConfigRejected(f"cannot run: {exc}") from None
     except Exception as exc:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         detail = next((ln for ln in lines if "error" in ln.lower() and "validation error" not in ln.lower()),

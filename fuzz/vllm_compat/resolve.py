@@ -31,14 +31,15 @@ class Missing:
         return f"<missing vLLM name {self.name}>"
 
 
-def describe_vllm(importer: Importer = importlib.import_module) -> str:
-    """'vLLM 0.32.0 at /path/vllm' for messages; never raises."""
+def describe_vllm(importer: Importer = importlib.import_module, *, with_path: bool = True) -> str:
+    """'vLLM 0.32.0 at /path/vllm' (or just 'vLLM 0.32.0') for messages; never raises."""
     try:
         mod = importer("vllm")
     except Exception:
         return "vLLM (not importable)"
     where = getattr(mod, "__file__", None) or "?"
-    return f"vLLM {getattr(mod, '__version__', '?')} at {where.rsplit('/__init__.py', 1)[0]}"
+    name = f"vLLM {getattr(mod, '__version__', '?')}"
+    return f"{name} at {where.rsplit('/__init__.py', 1)[0]}" if with_path else name
 
 
 def _module_missing(exc: ImportError, module: str) -> bool:
