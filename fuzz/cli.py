@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the default) or hypothesis (--engine hypothesis)")
     r.add_argument("--all-versions", action="store_true",
                    help="replay in every vLLM environment found (this one, .venv-vllm-* in the checkout, the "
-                        "environments MAMBAFUZZ_VLLM_ENVS lists) and say in which each case reproduces")
+                        "environments MAMBAFUZZ_VLLM_ENVS lists) and say in which each case reproduces (exit 1 if "
+                        "it reproduces in any)")
     r.add_argument("--print-scenario", action="store_true",
                    help="print the scenario JSON each FILE stands for (with --raw: what the input decodes to) "
                         "instead of running it, to save and edit")
