@@ -24,8 +24,20 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from fuzz.vllm_compat.about import version_line  # imports vLLM only when asked
+
+        print(version_line())
+        raise SystemExit(EXIT_CLEAN)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="mambafuzz", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=_VersionAction, help="print the mambafuzz and vLLM versions (and vLLM's path)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -49,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--decoder", choices=("bytes", "hypothesis"), default="bytes",
                    help="with --raw: the decoder of the engine that kept the input: bytes (atheris, random; "
                         "the default) or hypothesis (--engine hypothesis)")
+    r.add_argument("--all-versions", action="store_true",
+                   help="replay in every vLLM environment found (this one, .venv-vllm-* in the checkout, the "
+                        "environments MAMBAFUZZ_VLLM_ENVS lists) and say in which each case reproduces (exit 1 if "
+                        "it reproduces in any)")
     r.add_argument("--print-scenario", action="store_true",
                    help="print the scenario JSON each FILE stands for (with --raw: what the input decodes to) "
                         "instead of running it, to save and edit")
@@ -101,6 +117,10 @@ def cmd_repro(args: argparse.Namespace) -> int:
     from fuzz.report import describe, step_table, trace_digest
     from fuzz.scenario import ScenarioError, engine_realism_notes
 
+    if args.all_versions:
+        from fuzz.repro_versions import repro_all_versions
+
+        return repro_all_versions(args.files, args.split)
     _split_or_usage(args.split)
     worst = EXIT_CLEAN
     for path in args.files:

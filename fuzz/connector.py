@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+from fuzz.vllm_compat.api import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,

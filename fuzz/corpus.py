@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fuzz import vllm_expectations
 from fuzz.scenario import Scenario, ScenarioError, from_json
 
 MAX_FILE_BYTES = 1 << 20
@@ -61,8 +62,11 @@ def parse_case(text: str, where: str) -> Case:
         not isinstance(k, str) or v not in KNOWN_KINDS for k, v in expected.items()
     ):
         raise CaseError(f"{where}: expected must map split names to one of {', '.join(KNOWN_KINDS)}")
-    extra = {k: raw[k] for k in ("note", "origin", "finding", ENGINE_CONFIRMATION) if k in raw}
-    return Case(Path(where), scenario, dict(expected), extra)
+    by_vllm = raw.get(vllm_expectations.KEY)
+    if by_vllm is not None and (bad := vllm_expectations.problems(by_vllm, KNOWN_KINDS)):
+        raise CaseError(f"{where}: {bad[0]}")
+    extra = {k: raw[k] for k in ("note", "origin", "finding", ENGINE_CONFIRMATION, vllm_expectations.KEY) if k in raw}
+    return Case(Path(where), scenario, vllm_expectations.for_installed(expected, by_vllm), extra)
 
 
 def read_case_bytes(path: str | os.PathLike, max_bytes: int = MAX_FILE_BYTES, too_big: str = "") -> bytes:

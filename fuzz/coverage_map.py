@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import vllm
-
 from fuzz.harness import run
 from fuzz.scenario import Scenario, ScenarioError
 from fuzz.splits import resolve
+from fuzz.vllm_compat.api import vllm_package as vllm
 
 VLLM_ROOT = Path(vllm.__file__).parent
 TARGET_GLOBS = [str(VLLM_ROOT / "v1" / "core" / "*"), str(VLLM_ROOT / "v1" / "core" / "sched" / "*"),

@@ -16,6 +16,7 @@ from fuzz.corpus import atomic_write, case_json, content_name, iter_cases
 from fuzz.minimizer import minimize
 from fuzz.pipeline import evaluate
 from fuzz.scenario import Scenario, ScenarioError
+from fuzz.vllm_compat.about import vllm_version
 
 REPRO_RUNS = 3
 
@@ -127,7 +128,7 @@ class FindingStore:
         path = self.findings_dir / (f"flaky-{name}.json" if flaky else f"{name}.json")
         meta = {
             "signature": signature, "kind": signature.split(":")[0], "split": self.split, "message": message,
-            "origin": origin, "reproduced": rate, "flaky": flaky,
+            "origin": origin, "reproduced": rate, "flaky": flaky, "vllm": vllm_version(),
             "minimized": {"requests": small.size()[0], "last_step": small.size()[1], "tokens": small.size()[2],
                           "seconds": round(seconds, 2), "from_size": list(scenario.size())},
             "repro": f"mambafuzz repro {path} --split {self.split}",

@@ -20,6 +20,7 @@ from fuzz.kernel_model import KernelGeometry, KernelModel
 from fuzz.scenario import VOCAB_SIZE, Scenario, ScenarioError, ample_pool_blocks
 from fuzz.state import PrefixStates, State, next_token
 from fuzz.trace import Admission, CacheEntry, Chunk, Crash, SlotWrite, StepRecord, Trace
+from fuzz.vllm_compat import VllmUnsupported
 
 
 @dataclass
@@ -90,6 +91,8 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
         session = vb.SchedulerSession(engine, num_blocks, scenario.max_model_len(), split)
     except vb.ConfigRejected as exc:
         raise ScenarioError([str(exc)]) from None
+    except VllmUnsupported:
+        raise
     except Exception as exc:  # vLLM failed to build a scheduler for a config it accepted
         trace.crash = Crash(type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", _vllm_frame(exc), -1)
         return trace
@@ -127,7 +130,7 @@ class _Runner:
             block_size=e.mamba_block_size,
             hash_block_size=session.hash_block_size,
             checkpoint_alignment=e.prefill_checkpoint_alignment if (prefix_caching and e.num_prefill_checkpoint_blocks) else None,
-            cache_hit_alignment_tokens=sched.kv_cache_manager.coordinator.single_type_managers[session.mamba_group].cache_hit_alignment_tokens,
+            cache_hit_alignment_tokens=session.cache_hit_alignment_tokens,
             drop_eagle_block=bool(getattr(sched, "use_eagle_block_drop", False)),
             null_block_id=session.null_block_id,
             vocab_size=VOCAB_SIZE,
@@ -166,6 +169,8 @@ class _Runner:
                 step += 1
         except _WallClockExceeded:
             self.trace.timed_out = True
+        except VllmUnsupported:
+            raise
         except Exception as exc:
             self.trace.crash = Crash(type(exc).__name__, (str(exc).splitlines() or [""])[0], _vllm_frame(exc), step)
         for rid in self.ids:

@@ -30,12 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from vllm.v1.kv_cache_interface import (
-    get_mamba_prefill_checkpoint_position,
-    is_mamba_prefill_checkpoint_valid,
-)
-
 from fuzz.state import EMPTY, PrefixStates, State, next_token
+from fuzz.vllm_compat.api import get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid
 
 ZEROED = State(-1, 0)  # a freshly zeroed block: holds no state of any prefix
 UNSET = State(-2, 0)  # a block the model never saw written

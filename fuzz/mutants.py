@@ -12,10 +12,9 @@ import functools
 import os
 from collections.abc import Callable
 
-from vllm.v1.core import single_type_kv_cache_manager as stkm
-from vllm.v1.core.sched import scheduler as sched_mod
-
 from fuzz import splits
+from fuzz.vllm_compat.api import scheduler_module as sched_mod
+from fuzz.vllm_compat.api import single_type_manager_module as stkm
 
 MUTANTS: dict[str, tuple[str, Callable[[], None]]] = {}
 

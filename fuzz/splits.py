@@ -18,10 +18,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from vllm.v1.kv_cache_interface import (
-    get_mamba_prefill_checkpoint_position,
-    is_mamba_prefill_checkpoint_valid,
-)
+from fuzz.vllm_compat import VllmUnsupported
+from fuzz.vllm_compat.api import get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid
+from fuzz.vllm_compat.resolve import Missing
 
 SplitFn = Callable[..., int]
 
@@ -118,6 +117,9 @@ BUILTIN = {"fixed": None, "prefix": prefix_split, "realign": realign_split, "res
 def resolve(name: str) -> SplitFn | None:
     """Map a --split value to a function (None keeps the installed method)."""
     if name in BUILTIN:
+        if BUILTIN[name] is not None and isinstance(get_mamba_prefill_checkpoint_position, Missing):
+            # The restatement follows the split of vLLM >= 0.30, built on that function.
+            raise VllmUnsupported(f"--split {name} cannot run: {get_mamba_prefill_checkpoint_position.why}")
         return BUILTIN[name]
     if ":" not in name:
         raise SplitError(f"unknown split {name!r}: use fixed, prefix, realign or package.module:function")

@@ -22,40 +22,43 @@ os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
-from vllm.config import (  # noqa: E402
-    CacheConfig,
-    KVTransferConfig,
-    ModelConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    SpeculativeConfig,
-    VllmConfig,
-)
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import (  # noqa: E402
-    KVCacheBlock,
-    _get_kv_cache_groups_uniform_page_size,
-    get_block_hash,
-    get_request_block_hasher,
-    init_none_hash,
-    make_block_hash_with_group_id,
-    resolve_kv_cache_block_sizes,
-)
-from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.core.single_type_kv_cache_manager import MambaManager  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    MambaSpec,
-)
-from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request, RequestStatus  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from fuzz.scenario import EngineConfig, knobs  # noqa: E402
+from fuzz.vllm_compat import features  # noqa: E402
+from fuzz.vllm_compat.api import (  # noqa: E402
+    CacheConfig,
+    DraftTokenIds,
+    FullAttentionSpec,
+    KVCacheBlock,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVConnectorOutput,
+    KVTransferConfig,
+    MambaManager,
+    MambaSpec,
+    ModelConfig,
+    ModelRunnerOutput,
+    ParallelConfig,
+    Request,
+    RequestStatus,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+    SpeculativeConfig,
+    StructuredOutputManager,
+    VllmConfig,
+    get_block_hash,
+    get_kv_cache_groups_uniform_page_size,
+    get_mamba_prefill_checkpoint_position,
+    get_request_block_hasher,
+    init_none_hash,
+    is_mamba_prefill_checkpoint_valid,
+    make_block_hash_with_group_id,
+    resolve_kv_cache_block_sizes,
+    sha256,
+)
+from fuzz.vllm_compat.resolve import describe_vllm  # noqa: E402
 
 for _name in ("vllm", "vllm.config", "vllm.v1"):
     logging.getLogger(_name).setLevel(logging.ERROR)
@@ -70,6 +73,18 @@ SPLIT_METHOD = "_mamba_block_aligned_split"
 SplitFn = Callable[..., int]
 
 init_none_hash(sha256)
+
+VLLM = describe_vllm(with_path=False)  # per-input messages; `mambafuzz --version` gives the path
+# Knob values that mean "this release's own behaviour", so a release without the knob can run
+# inputs that leave it there. Retention 0 is "vLLM's default": dense on releases before the knob.
+OFF_VALUES: dict[str, tuple] = {
+    "enable_mamba_shared_prefix_checkpoint": (False,),
+    "prefix_cache_retention_interval": (0, None),
+    "num_prefill_checkpoint_blocks": (0,),
+    "prefill_checkpoint_alignment": (None,),
+}
+PREFILL_CHECKPOINTS = features.has_prefill_checkpoint_rule(
+    MambaSpec, get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid)
 
 
 @lru_cache(maxsize=1)
@@ -102,14 +117,14 @@ def vllm_config_for(e: EngineConfig, max_model_len: int) -> VllmConfig:
         _VLLM_CONFIGS[key] = _VLLM_CONFIGS.pop(key)  # most recently used last
         return _VLLM_CONFIGS[key]
     model_config = _model_config()
-    cache_config = CacheConfig(
+    cache_config = CacheConfig(**features.fit_kwargs(CacheConfig, dict(
         block_size=e.mamba_block_size,
         enable_prefix_caching=e.enable_prefix_caching,
         mamba_cache_mode="align" if e.enable_prefix_caching else "none",
         prefix_match_unit=e.prefix_match_unit if e.enable_prefix_caching else None,
         enable_mamba_shared_prefix_checkpoint=e.enable_mamba_shared_prefix_checkpoint,
         prefix_cache_retention_interval=e.prefix_cache_retention_interval,
-    )
+    ), OFF_VALUES, VLLM))
     scheduler_config = SchedulerConfig(
         max_num_batched_tokens=e.max_num_batched_tokens,
         max_num_seqs=e.max_num_seqs,
@@ -143,8 +158,13 @@ def vllm_config_for(e: EngineConfig, max_model_len: int) -> VllmConfig:
 
 
 def _checked_config(e: EngineConfig, max_model_len: int) -> VllmConfig:
+    if e.enable_prefix_caching and e.num_prefill_checkpoint_blocks and not PREFILL_CHECKPOINTS:
+        raise ConfigRejected(f"cannot run on {VLLM}: no prefill-checkpoint rule "
+                             "(get_mamba_prefill_checkpoint_position) for num_prefill_checkpoint_blocks > 0")
     try:
         return vllm_config_for(e, max_model_len)
+    except features.FeatureAbsent as exc:
+        raise ConfigRejected(f"cannot run: {exc}") from None
     except Exception as exc:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         detail = next((ln for ln in lines if "error" in ln.lower() and "validation error" not in ln.lower()),
@@ -157,25 +177,18 @@ def _kv_cache_groups(attn_block: int, mamba_block: int, caching: bool, spec_bloc
                      checkpoint_alignment: int | None) -> tuple[KVCacheGroupSpec, ...]:
     """The KV-cache groups for one geometry, built once (vLLM's grouping deep-copies specs: slow)."""
     attn = FullAttentionSpec(block_size=attn_block, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    mamba_kwargs = dict(block_size=mamba_block, shapes=((1, 1),), dtypes=(torch.float32,),
+                        num_speculative_blocks=spec_blocks)
     if caching:
-        mamba = MambaSpec(
-            block_size=mamba_block,
-            shapes=((1, 1),),
-            dtypes=(torch.float32,),
-            mamba_cache_mode="align",
-            num_speculative_blocks=spec_blocks,
-            num_prefill_checkpoint_blocks=checkpoint_blocks,
-            prefill_checkpoint_alignment=checkpoint_alignment,
-        )
-    else:
-        mamba = MambaSpec(block_size=mamba_block, shapes=((1, 1),), dtypes=(torch.float32,),
-                          num_speculative_blocks=spec_blocks)
+        mamba_kwargs.update(mamba_cache_mode="align", num_prefill_checkpoint_blocks=checkpoint_blocks,
+                            prefill_checkpoint_alignment=checkpoint_alignment)
+    mamba = MambaSpec(**features.fit_kwargs(MambaSpec, mamba_kwargs, OFF_VALUES, VLLM))
     # Group the layers as the engine does. The engine pads the mamba page to the attention page
     # (Platform._align_hybrid_block_size), then vLLM's uniform-page grouping gives each of the tiny model's
     # three linear-attention layers its own group (one attention layer sets the group size): three mamba
     # block tables per request, as in a real engine, which matters for small-pool admission.
     mamba = dataclasses.replace(mamba, page_size_padded=attn.page_size_bytes)
-    return tuple(_get_kv_cache_groups_uniform_page_size({ATTN_LAYER: attn, **dict.fromkeys(MAMBA_LAYERS, mamba)}))
+    return tuple(get_kv_cache_groups_uniform_page_size({ATTN_LAYER: attn, **dict.fromkeys(MAMBA_LAYERS, mamba)}))
 
 
 def kv_cache_config_for(e: EngineConfig, num_blocks: int) -> KVCacheConfig:
@@ -184,8 +197,9 @@ def kv_cache_config_for(e: EngineConfig, num_blocks: int) -> KVCacheConfig:
                                    e.num_prefill_checkpoint_blocks, e.prefill_checkpoint_alignment))
     # vLLM's KV-cache utilities copy the retention interval from CacheConfig into KVCacheConfig, and the
     # coordinator reads it only from there: without it every run would use dense retention.
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
-                         prefix_cache_retention_interval=e.prefix_cache_retention_interval)
+    return KVCacheConfig(**features.fit_kwargs(KVCacheConfig, dict(
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
+        prefix_cache_retention_interval=e.prefix_cache_retention_interval), OFF_VALUES, VLLM))
 
 
 @dataclass(frozen=True)
@@ -223,6 +237,8 @@ class SchedulerSession:
         managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
         self.mamba_group = next(i for i, m in enumerate(managers) if isinstance(m, MambaManager))
         self._mamba_manager = managers[self.mamba_group]
+        # The block grid a prefill checkpoint aligns to (vLLM >= 0.29 names it; before, the scheduler block).
+        self.cache_hit_alignment_tokens: int = getattr(self._mamba_manager, "cache_hit_alignment_tokens", block_size)
         self.block_pool = self.scheduler.kv_cache_manager.block_pool
         self.null_block_id = self.block_pool.null_block.block_id
         self._mamba_key_suffix = bytes(make_block_hash_with_group_id(b"", self.mamba_group))

@@ -112,9 +112,7 @@ def install() -> None:
     if _PATCHED:
         return
     _GENERATION += 1
-    from vllm.v1.core.block_pool import BlockPool
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.core.sched.scheduler import Scheduler
+    from fuzz.vllm_compat.api import BlockPool, KVCacheManager, Scheduler
 
     orig_schedule = Scheduler.schedule
     orig_update = Scheduler.update_from_output
@@ -219,10 +217,9 @@ def _audit_for(sched: Any) -> SchedulerAudit | None:
 
 
 def _new_audit(sched: Any) -> SchedulerAudit | None:
-    from vllm.v1.kv_cache_interface import MambaSpec
-
     from fuzz.kernel_model import KernelGeometry, KernelModel
     from fuzz.scenario import VOCAB_SIZE
+    from fuzz.vllm_compat.api import MambaSpec
 
     groups = {i: g.kv_cache_spec for i, g in enumerate(sched.kv_cache_config.kv_cache_groups)
               if isinstance(g.kv_cache_spec, MambaSpec) and getattr(g.kv_cache_spec, "mamba_cache_mode", "") == "align"}
@@ -369,7 +366,7 @@ def _after_update(sched: Any, audit: SchedulerAudit, accepted: dict[str, int]) -
 
 
 def _judge(sched: Any, audit: SchedulerAudit) -> None:
-    from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
+    from fuzz.vllm_compat.api import get_block_hash, get_group_id
 
     pending, audit.pending = audit.pending, []
     cache = sched.kv_cache_manager.block_pool.cached_block_hash_to_block

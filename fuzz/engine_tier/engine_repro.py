@@ -65,7 +65,7 @@ def _vllm_frame(exc: BaseException) -> str:
 def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> Replay:
     """Drive `s` step by step through `handle`'s engine: arrivals and aborts at their steps,
     one engine.step() per step, until every request finished (or the liveness bound)."""
-    from vllm import SamplingParams
+    from fuzz.vllm_compat.api import SamplingParams
 
     out = Replay()
     ids = s.request_ids()

@@ -109,10 +109,9 @@ def min_block_size() -> int:
     import json
 
     import torch
-    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
     from fuzz.engine_tier.tiny_model import CONFIG_PATH
+    from fuzz.vllm_compat.api import FullAttentionSpec, MambaSpec, MambaStateShapeCalculator
 
     c = json.loads(CONFIG_PATH.read_text())
     shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
@@ -260,10 +259,8 @@ def _start(spec: EngineSpec) -> EngineHandle:
     import logging
     import time
 
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.engine.llm_engine import LLMEngine
-
     from fuzz.engine_tier.tiny_model import ensure_model
+    from fuzz.vllm_compat.api import EngineArgs, LLMEngine
 
     for name in ("vllm", "vllm.config", "vllm.v1"):
         logging.getLogger(name).setLevel(logging.ERROR)

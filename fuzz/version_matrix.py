@@ -1,0 +1,163 @@
+"""`ci/matrix [VERSIONS...]`: every corpus/regressions and corpus/upstream case, under each
+split its `expected` names, replayed on every vLLM environment (fuzz/vllm_envs.py), plus a
+short random campaign on each. Writes the case x version table to reports/matrix.md (and the
+raw cells to reports/matrix.json). Each environment runs `mambafuzz repro --json` in its own
+interpreter, so each uses its own scheduler, manager and config classes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fuzz.corpus import iter_cases
+from fuzz.vllm_envs import PROJECT_ROOT, VllmEnv, discover
+
+CASE_DIRS = ("corpus/regressions", "corpus/upstream")
+REPLAY_TIMEOUT = 1800.0
+
+
+@dataclass
+class Cell:
+    verdict: str  # a violation kind, "clean", or "cannot run"
+    reason: str = ""  # why it cannot run
+    expected: str | None = None  # what the case expects on this vLLM (after expected_by_vllm)
+    signature: str | None = None  # the first finding's signature
+
+    def text(self, notes: list[str]) -> str:
+        if self.verdict == "cannot run":
+            if self.reason not in notes:
+                notes.append(self.reason)
+            return f"cannot run [{notes.index(self.reason) + 1}]"
+        if self.expected is not None and self.expected != self.verdict:
+            return f"**{self.verdict}** (expected {self.expected})"
+        return self.verdict
+
+
+def _rows(root: Path) -> list[tuple[str, str]]:
+    """(case path relative to the checkout, split) for every split a case expects a verdict under."""
+    rows = []
+    for case in iter_cases([root / d for d in CASE_DIRS], warn=lambda msg: None):
+        rel = str(case.path.relative_to(root))
+        for split in sorted(case.expected or {"fixed": "clean"}, key=lambda s: (s != "fixed", s)):
+            rows.append((rel, split))
+    return rows
+
+
+def _stderr_reasons(stderr: str) -> dict[str, str]:
+    out = {}
+    for line in stderr.splitlines():
+        m = re.match(r"mambafuzz: (\S+?\.json): (.*)$", line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def replay(env: VllmEnv, files: list[str], split: str, timeout: float = REPLAY_TIMEOUT) -> dict[str, Cell]:
+    try:
+        proc = env.run_cli(["repro", "--json", "--split", split, *files], timeout)
+    except subprocess.TimeoutExpired:
+        return {f: Cell("cannot run", f"repro over {timeout:.0f}s") for f in files}
+    cells: dict[str, Cell] = {}
+    for line in proc.stdout.splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and "file" in obj:
+            first = (obj.get("findings") or [{}])[0].get("signature")
+            cells[obj["file"]] = Cell(obj["verdict"], expected=obj.get("expected"), signature=first)
+    for f, reason in _stderr_reasons(proc.stderr).items():
+        cells.setdefault(f, Cell("cannot run", reason))
+    tail = next((ln for ln in reversed(proc.stderr.splitlines()) if ln.startswith("mambafuzz: ")), "")
+    for f in files:
+        cells.setdefault(f, Cell("cannot run", tail.removeprefix("mambafuzz: ") or f"repro exited {proc.returncode}"))
+    return cells
+
+
+def campaign(env: VllmEnv, seconds: float, out: Path) -> str:
+    """A short random-engine campaign on `--split fixed`; what it filed, as one cell."""
+    out.mkdir(parents=True, exist_ok=True)
+    args = ["fuzz", "--engine", "random", "--max-time", str(seconds), "--split", "fixed", "--quiet",
+            "--corpus", str(out / "corpus"), "--findings", str(out / "findings")]
+    try:
+        proc = env.run_cli(args, seconds * 4 + 600)
+    except subprocess.TimeoutExpired:
+        return "cannot run: campaign did not stop"
+    found = re.findall(r"^(?:FOUND|FLAKY) (\S+)", proc.stdout, re.M)
+    if proc.returncode not in (0, 1):
+        tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return f"cannot run: {tail.removeprefix('mambafuzz: ')}"
+    return ", ".join(f"`{s}`" for s in found) if found else "nothing new"
+
+
+def version_of(env: VllmEnv) -> str:
+    try:
+        proc = env.run_cli(["--version"], 300)
+    except subprocess.TimeoutExpired:
+        return "?"
+    m = re.search(r"vLLM (\S+) at (\S+)", proc.stdout)
+    return m.group(1) if m else "?"
+
+
+def render(envs: list[tuple[VllmEnv, str]], rows: list[tuple[str, str]], cells: dict[str, dict[str, Cell]],
+           campaigns: dict[str, str], seconds: float) -> str:
+    notes: list[str] = []
+    head = ["case [split]"] + [f"{env.name} ({version})" if env.name != version else version for env, version in envs]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for path, split in rows:
+        name = Path(path).stem
+        lines.append("| " + " | ".join([f"{Path(path).parent.name}/{name} [{split}]"] + [
+            cells[env.name][f"{path}|{split}"].text(notes) for env, _ in envs]) + " |")
+    lines.append("| " + " | ".join([f"random campaign, {seconds:g} s, fixed"] + [
+        campaigns.get(env.name, "not run") for env, _ in envs]) + " |")
+    lines.append("")
+    lines.extend(f"[{i}] {n}" for i, n in enumerate(notes, 1))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ci/matrix", description=__doc__)
+    p.add_argument("versions", nargs="*", metavar="VERSION",
+                   help="environment labels to include (prefix match: 0.29 takes 0.29.0); default all")
+    p.add_argument("--campaign-seconds", type=float, default=30.0)
+    p.add_argument("--out", default="reports", metavar="DIR")
+    args = p.parse_args(argv)
+    root = PROJECT_ROOT
+    envs = [e for e in discover() if not args.versions or any(e.name.startswith(v) for v in args.versions)]
+    rows = _rows(root)
+    by_split: dict[str, list[str]] = {}
+    for path, split in rows:
+        by_split.setdefault(split, []).append(path)
+    out = Path(args.out)
+    cells: dict[str, dict[str, Cell]] = {}
+    campaigns: dict[str, str] = {}
+    labelled = []
+    for env in envs:
+        version = version_of(env)
+        labelled.append((env, version))
+        print(f"matrix: {env.name} (vLLM {version}, {env.python}{', overlay ' + env.overlay if env.overlay else ''})",
+              file=sys.stderr, flush=True)
+        cells[env.name] = {}
+        for split, files in by_split.items():
+            for f, cell in replay(env, files, split).items():
+                cells[env.name][f"{f}|{split}"] = cell
+        if args.campaign_seconds > 0:
+            campaigns[env.name] = campaign(env, args.campaign_seconds, out / "matrix" / env.name)
+    table = render(labelled, rows, cells, campaigns, args.campaign_seconds)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "matrix.md").write_text(table)
+    (out / "matrix.json").write_text(json.dumps({
+        "versions": {e.name: v for e, v in labelled},
+        "cells": {e: {k: asdict(c) for k, c in cs.items()} for e, cs in cells.items()},
+        "campaigns": campaigns}, indent=1) + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
