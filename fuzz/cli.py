@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_INTERRUPTED, EXIT_TOOL, EXIT_USAGE, ToolError, UsageError
-from fuzz.splits_help import SPLIT_HELP
+from fuzz.cli_options import SPLIT_HELP
 
 
 class _Parser(argparse.ArgumentParser):

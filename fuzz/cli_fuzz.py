@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE, UsageError
-from fuzz.splits_help import SPLIT_HELP
+from fuzz.cli_options import SPLIT_HELP
 
 GENERATORS = ("atheris", "hypothesis", "random")
 DEFAULT_KNOWN = ["corpus/regressions", "corpus/upstream"]

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE
-from fuzz.splits_help import SPLIT_HELP
+from fuzz.cli_options import SPLIT_HELP
 
 
 def add_engine_commands(sub: Any) -> None:
