@@ -14,8 +14,8 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_INTERRUPTED, EXIT_TOOL, EXIT_USAGE, ToolError, UsageError
 from fuzz.cli_options import SPLIT_HELP
+from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_INTERRUPTED, EXIT_TOOL, EXIT_USAGE, ToolError, UsageError
 
 
 class _Parser(argparse.ArgumentParser):

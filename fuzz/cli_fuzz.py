@@ -8,8 +8,8 @@ import collections
 import sys
 from pathlib import Path
 
-from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE, UsageError
 from fuzz.cli_options import SPLIT_HELP
+from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE, UsageError
 
 GENERATORS = ("atheris", "hypothesis", "random")
 DEFAULT_KNOWN = ["corpus/regressions", "corpus/upstream"]

@@ -12,8 +12,8 @@ import json
 import sys
 from typing import Any
 
-from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE
 from fuzz.cli_options import SPLIT_HELP
+from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE
 
 
 def add_engine_commands(sub: Any) -> None:
