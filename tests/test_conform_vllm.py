@@ -1,0 +1,180 @@
+"""What vLLM 0.32.0's own V1 worker code does per row (fuzz/conform_vllm.py), on hand-built steps.
+
+Each test feeds the worker a step as the scheduler would hand it over and pins what vLLM's
+functions decided: row kind per metadata builder, initial-state read, writes, copies.
+MAMBA_BLOCK_SIZE is 64 throughout; TABLE columns are 0, 1, 2, ...
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz import vllm_bridge as vb
+from fuzz.conform_rows import DECODE, PREFILL, SPEC_DECODE, RowInput, RowPlan, StepInput, Write
+from fuzz.conform_vllm import V1Worker
+from fuzz.scenario import EngineConfig
+
+MAMBA_BLOCK_SIZE = 64
+NUM_BLOCKS = 64
+TABLE = (5, 6, 7, 8, 9)  # the request's mamba block table: column c holds block TABLE[c]
+OTHER = (20, 21, 22, 23)
+
+
+def make_worker(**engine) -> V1Worker:
+    e = EngineConfig(mamba_block_size=MAMBA_BLOCK_SIZE, attn_block_size=MAMBA_BLOCK_SIZE,
+                     max_num_batched_tokens=512, **engine)
+    vc = vb.vllm_config_for(e, 1024)
+    spec = vb.kv_cache_config_for(e, NUM_BLOCKS).kv_cache_groups[1].kv_cache_spec
+    return V1Worker(vc, spec, NUM_BLOCKS, hash_block_size=MAMBA_BLOCK_SIZE,
+                    cache_hit_alignment_tokens=MAMBA_BLOCK_SIZE)
+
+
+def row(rid: str, computed: int, scheduled: int, prompt: int, table=TABLE, drafts: int = 0, sampled: int = 1):
+    return RowInput(rid, computed, scheduled, drafts, prompt, table, sampled)
+
+
+def plans(worker: V1Worker, *rows: RowInput, **dropped) -> dict[tuple[str, str], RowPlan]:
+    return {(p.mixer, p.req_id): p for p in worker.step(StepInput(tuple(rows), **dropped))}
+
+
+@pytest.fixture(scope="module")
+def plain() -> V1Worker:
+    return make_worker()
+
+
+def test_first_prefill_chunk_starts_from_zeros_and_writes_its_end_column():
+    w = make_worker()
+    got = plans(w, row("a", 0, 100, 200))
+    for mixer in ("gdn", "mamba2"):
+        p = got[mixer, "a"]
+        assert (p.kind, p.has_initial_state, p.read_column, p.read_block) == (PREFILL, False, None, None)
+        assert p.writes == (Write(1, 6, "final"),)  # cdiv(100, 64) - 1 = 1
+        assert p.pre_copies == () and p.post_copies == ()
+
+
+def test_mid_prefill_chunk_crossing_a_boundary_is_precopied_into_its_end_column():
+    w = make_worker()
+    plans(w, row("a", 0, 100, 200))
+    got = plans(w, row("a", 100, 100, 200))
+    for mixer in ("gdn", "mamba2"):
+        p = got[mixer, "a"]
+        # preprocess_mamba: mamba_state_idx 1 -> cdiv(200, 64) - 1 = 3, copies table[1] into table[3]
+        assert p.pre_copies == ((6, 8),)
+        assert (p.kind, p.has_initial_state, p.read_column, p.read_block) == (PREFILL, True, 3, 8)
+        assert p.writes == (Write(3, 8, "final"),)
+
+
+def test_plain_decode_reads_and_writes_the_running_column():
+    w = make_worker()
+    plans(w, row("a", 0, 130, 130))
+    got = plans(w, row("a", 130, 1, 130))
+    for mixer in ("gdn", "mamba2"):
+        p = got[mixer, "a"]
+        assert (p.kind, p.read_column, p.read_block, p.num_accepted) == (DECODE, 2, 7, 1)
+        assert p.writes == (Write(2, 7, "final"),)
+        assert p.pre_copies == ()
+
+
+def test_spec_decode_row_writes_every_token_and_postcopies_the_crossed_boundary():
+    w = make_worker(spec_method="mtp", num_speculative_tokens=2)
+    plans(w, row("a", 0, 62, 62))
+    # 1 real + 2 drafts from 62: running column moves 0 -> 1 (pre-copy); all 3 accepted
+    got = plans(w, row("a", 62, 3, 62, drafts=2, sampled=3))
+    for mixer in ("gdn", "mamba2"):
+        p = got[mixer, "a"]
+        assert (p.kind, p.read_column, p.read_block, p.num_accepted) == (SPEC_DECODE, 1, 6, 1)
+        assert p.writes == (Write(1, 6, "spec-token"), Write(2, 7, "spec-token"), Write(3, 8, "spec-token"))
+        assert p.pre_copies == ((5, 6),)
+        # new computed 65: the state after 64 tokens (table[1 + 1]) moves into table[0]
+        assert p.post_copies == ((7, 5),)
+    nxt = plans(w, row("a", 65, 3, 62, drafts=2, sampled=1))
+    for mixer in ("gdn", "mamba2"):
+        p = nxt[mixer, "a"]
+        # the accepted count survives (no reset: the boundary copy went to another column)
+        assert (p.read_column, p.read_block, p.num_accepted) == (3, 8, 3)
+
+
+def test_a_spec_row_skipped_for_one_step_forgets_its_accepted_offset():
+    """V1 drops unscheduled requests from its persistent batch (_update_states); re-adding one
+    resets num_accepted_tokens_cpu to 1 (InputBatch.add_request) while mamba_state_idx survives,
+    so the kernel reads the running column, not the accepted token's column."""
+    w = make_worker(spec_method="mtp", num_speculative_tokens=2)
+    plans(w, row("a", 0, 70, 70))
+    got = plans(w, row("a", 70, 3, 70, drafts=2, sampled=3))  # accepts both drafts, no boundary crossed
+    assert got["gdn", "a"].post_copies == ()
+    plans(w, row("b", 0, 10, 10, table=OTHER))  # "a" not scheduled this step
+    back = plans(w, row("a", 73, 3, 70, drafts=2))
+    for mixer in ("gdn", "mamba2"):
+        p = back[mixer, "a"]
+        assert (p.num_accepted, p.read_column, p.read_block) == (1, 1, 6)  # state after 73 is in column 3
+
+
+def test_a_spec_row_scheduled_every_step_keeps_its_accepted_offset():
+    """The control for the test above: without the skipped step the kernel reads column 3."""
+    w = make_worker(spec_method="mtp", num_speculative_tokens=2)
+    plans(w, row("a", 0, 70, 70))
+    plans(w, row("a", 70, 3, 70, drafts=2, sampled=3))
+    nxt = plans(w, row("a", 73, 3, 70, drafts=2))
+    for mixer in ("gdn", "mamba2"):
+        p = nxt[mixer, "a"]
+        assert (p.num_accepted, p.read_column, p.read_block) == (3, 3, 8)
+
+
+@pytest.mark.parametrize("computed", [0, 64])
+def test_one_token_prompt_tail_padded_with_placeholder_drafts(computed: int):
+    """The scheduler pads a one-token prompt tail with k -1 drafts (scheduler.py:1131-1153,
+    1371-1374). V1's num_decode_draft_tokens makes it a spec row for GDN either way; Mamba2's
+    _compute_common_metadata turns it into a decode only with prior state (padded_prompt_tail_rows
+    needs stateful_prefill_rows), so a fresh one-token prompt stays a Mamba2 *prefill* over
+    1 real token + 2 placeholders."""
+    w = make_worker(spec_method="mtp", num_speculative_tokens=2)
+    if computed:
+        plans(w, row("a", 0, computed, computed + 1))
+    got = plans(w, row("a", computed, 3, computed + 1, drafts=2))
+    gdn, mamba2 = got["gdn", "a"], got["mamba2", "a"]
+    col = computed // MAMBA_BLOCK_SIZE
+    assert (gdn.kind, gdn.has_initial_state, gdn.read_column, gdn.num_accepted) == (SPEC_DECODE, True, col, 1)
+    assert len(gdn.writes) == 3
+    if computed:
+        assert (mamba2.kind, mamba2.read_column) == (SPEC_DECODE, col)
+    else:
+        assert (mamba2.kind, mamba2.has_initial_state, mamba2.read_column) == (PREFILL, False, None)
+        assert mamba2.writes == (Write(0, 5, "final"),)  # the state after the placeholders
+
+
+def test_internal_prefill_checkpoint_row():
+    w = make_worker(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=16)
+    got = plans(w, row("a", 0, 201, 201))
+    m2 = got["mamba2", "a"]
+    # compute_mamba_prefill_checkpoints: position 192 (3 blocks), column cdiv(201, 64) - 2 = 2
+    assert m2.checkpoint_offset == 192
+    assert m2.writes == (Write(3, 8, "final"), Write(2, 7, "checkpoint"))
+    assert got["gdn", "a"].writes == (Write(3, 8, "final"),)  # Qwen's GDN mixer ignores the checkpoint
+
+
+def test_finished_request_is_forgotten(plain: V1Worker):
+    plans(plain, row("z", 0, 100, 300))
+    assert plain.mamba_state_idx["z"] == 1
+    plans(plain, row("y", 0, 10, 10, table=OTHER), finished=frozenset({"z"}))
+    assert "z" not in plain.mamba_state_idx and "z" not in plain.input_batch.req_id_to_index
+
+
+def test_drive_yields_vllms_rows_for_a_prefix_hit():
+    """Through the real scheduler: the second request is admitted with 192 tokens cached, and
+    vLLM's pre-copy moves the cached state (column 2) into its running column 3."""
+    from fuzz.conform_drive import drive
+    from fuzz.scenario import RequestSpec, Scenario
+
+    s = Scenario(engine=EngineConfig(mamba_block_size=MAMBA_BLOCK_SIZE, attn_block_size=16, max_num_batched_tokens=256),
+                 prefixes=[3 * MAMBA_BLOCK_SIZE + 10],
+                 requests=[RequestSpec(prefix_ids=[0], unique_len=5, max_tokens=3),
+                           RequestSpec(arrival_step=6, prefix_ids=[0], unique_len=7, max_tokens=3)])
+    steps = {st.step: st for st in drive(s)}
+    assert sorted(steps) == [0, 1, 2, 3, 6, 7, 8, 9]
+    hit = steps[6]
+    (r1,) = hit.input.rows
+    assert (r1.req_id, r1.num_computed, r1.num_scheduled) == ("r1", 192, 16)
+    p = next(p for p in hit.plans if p.mixer == "gdn")
+    cached, running = r1.block_ids[2], r1.block_ids[3]
+    assert p.pre_copies == ((cached, running),)
+    assert (p.kind, p.has_initial_state, p.read_column, p.read_block) == (PREFILL, True, 3, running)
