@@ -28,12 +28,12 @@ class ConformStep:
     plans: tuple[RowPlan, ...]
 
 
-def _worker_for(session: vb.SchedulerSession, num_blocks: int) -> V1Worker:
+def _worker_for(session: vb.SchedulerSession, num_blocks: int, max_model_len: int) -> V1Worker:
     sched = session.scheduler
     spec = sched.kv_cache_config.kv_cache_groups[session.mamba_group].kv_cache_spec
     manager = sched.kv_cache_manager.coordinator.single_type_managers[session.mamba_group]
     return V1Worker(sched.vllm_config, spec, num_blocks, session.hash_block_size,
-                    manager.cache_hit_alignment_tokens, max_num_reqs=sched.max_num_running_reqs)
+                    manager.cache_hit_alignment_tokens, max_model_len, max_num_reqs=sched.max_num_running_reqs)
 
 
 def drive(s: Scenario) -> Iterator[ConformStep]:
@@ -41,7 +41,7 @@ def drive(s: Scenario) -> Iterator[ConformStep]:
     engine = s.engine
     num_blocks = engine.num_gpu_blocks or ample_pool_blocks(s)
     session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None)
-    worker = _worker_for(session, num_blocks)
+    worker = _worker_for(session, num_blocks, s.max_model_len())
     k = engine.num_speculative_tokens if engine.uses_spec_decode else 0
     ids = s.request_ids()
     prompts = [s.prompt_tokens(i) for i in range(len(s.requests))]

@@ -73,10 +73,18 @@ class V1Worker:
     runner = "v1"
 
     def __init__(self, vllm_config: VllmConfig, mamba_spec: MambaSpec, num_blocks: int, hash_block_size: int,
-                 cache_hit_alignment_tokens: int, max_num_reqs: int = 16):
+                 cache_hit_alignment_tokens: int, max_model_len: int, max_num_reqs: int = 16,
+                 temporal_tiles: int | None = 1):
         """`vllm_config` is the scheduler's (only read); `mamba_spec` the scheduler's mamba group
         spec (block size, speculative and checkpoint blocks); `hash_block_size` and
-        `cache_hit_alignment_tokens` what the engine core resolved for the scheduler."""
+        `cache_hit_alignment_tokens` what the engine core resolved for the scheduler; `max_model_len`
+        the scheduler's (it sizes the persistent batch's token buffer).
+
+        `temporal_tiles` replaces mamba_utils._TEMPORAL_TILES (16) while the fused copy kernels
+        run: it only splits one copy's bytes across programs ("TEMPORAL_TILES == 1 ... reproduces
+        the untiled behavior", mamba_utils.py `_copy_mamba_state_block`), and each interpreted
+        program costs milliseconds. None keeps vLLM's value."""
+        self.temporal_tiles = temporal_tiles
         self.vllm_config = vllm_config
         self.spec = MambaSpec(
             block_size=mamba_spec.block_size, shapes=((1,),), dtypes=(torch.int64,),
@@ -91,7 +99,6 @@ class V1Worker:
         self.state = torch.arange(num_blocks, dtype=torch.int64).reshape(num_blocks, 1)
         self.forward_context = {LAYER: SimpleNamespace(kv_cache=[self.state])}
         self.num_spec = vllm_config.num_speculative_tokens
-        max_model_len = vllm_config.model_config.max_model_len
         self.max_blocks = -(-max_model_len // self.spec.block_size) + self.num_spec + 2
         self.input_batch = InputBatch(
             max_num_reqs=max_num_reqs, max_model_len=max_model_len,
@@ -248,7 +255,13 @@ class V1Worker:
         """Run `phase` with every block holding its own id; return the copies it made, by request
         (the request whose table holds the destination block)."""
         self.state.copy_(torch.arange(self.state.shape[0], dtype=torch.int64).reshape(-1, 1))
-        phase()
+        saved = mamba_utils._TEMPORAL_TILES
+        if self.temporal_tiles is not None:
+            mamba_utils._TEMPORAL_TILES = self.temporal_tiles
+        try:
+            phase()
+        finally:
+            mamba_utils._TEMPORAL_TILES = saved
         moved = (self.state[:, 0] != torch.arange(self.state.shape[0])).nonzero().flatten().tolist()
         owner = {b: rid for rid, st in self.requests.items() for b in st.block_ids[0] if b > 0}
         copies: dict[str, list[tuple[int, int]]] = {}

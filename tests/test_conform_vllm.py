@@ -26,7 +26,7 @@ def make_worker(**engine) -> V1Worker:
     vc = vb.vllm_config_for(e, 1024)
     spec = vb.kv_cache_config_for(e, NUM_BLOCKS).kv_cache_groups[1].kv_cache_spec
     return V1Worker(vc, spec, NUM_BLOCKS, hash_block_size=MAMBA_BLOCK_SIZE,
-                    cache_hit_alignment_tokens=MAMBA_BLOCK_SIZE)
+                    cache_hit_alignment_tokens=MAMBA_BLOCK_SIZE, max_model_len=1024)
 
 
 def row(rid: str, computed: int, scheduled: int, prompt: int, table=TABLE, drafts: int = 0, sampled: int = 1):
