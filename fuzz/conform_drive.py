@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from fuzz import vllm_bridge as vb
 from fuzz.conform_rows import RowInput, RowPlan, StepInput
+from fuzz.conform_v2 import V2Worker
 from fuzz.conform_vllm import V1Worker
 from fuzz.scenario import Scenario, ample_pool_blocks
 
@@ -28,20 +29,24 @@ class ConformStep:
     plans: tuple[RowPlan, ...]
 
 
-def _worker_for(session: vb.SchedulerSession, num_blocks: int, max_model_len: int) -> V1Worker:
+RUNNERS = {"v1": V1Worker, "v2": V2Worker}
+
+
+def _worker_for(runner: str, session: vb.SchedulerSession, num_blocks: int, max_model_len: int):
     sched = session.scheduler
     spec = sched.kv_cache_config.kv_cache_groups[session.mamba_group].kv_cache_spec
     manager = sched.kv_cache_manager.coordinator.single_type_managers[session.mamba_group]
-    return V1Worker(sched.vllm_config, spec, num_blocks, session.hash_block_size,
-                    manager.cache_hit_alignment_tokens, max_model_len, max_num_reqs=sched.max_num_running_reqs)
+    return RUNNERS[runner](sched.vllm_config, spec, num_blocks, session.hash_block_size,
+                           manager.cache_hit_alignment_tokens, max_model_len, max_num_reqs=sched.max_num_running_reqs)
 
 
-def drive(s: Scenario) -> Iterator[ConformStep]:
-    """Run `s` through the real scheduler; yield one ConformStep per engine step that ran rows."""
+def drive(s: Scenario, runners: tuple[str, ...] = ("v1", "v2")) -> Iterator[ConformStep]:
+    """Run `s` through the real scheduler; yield one ConformStep per engine step that ran rows,
+    with the RowPlans of every runner in `runners` ("v1", "v2")."""
     engine = s.engine
     num_blocks = engine.num_gpu_blocks or ample_pool_blocks(s)
     session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None)
-    worker = _worker_for(session, num_blocks, s.max_model_len())
+    workers = [_worker_for(r, session, num_blocks, s.max_model_len()) for r in runners]
     k = engine.num_speculative_tokens if engine.uses_spec_decode else 0
     ids = s.request_ids()
     prompts = [s.prompt_tokens(i) for i in range(len(s.requests))]
@@ -70,7 +75,7 @@ def drive(s: Scenario) -> Iterator[ConformStep]:
                                  tuple(session.mamba_block_ids(rid)), len(sampled.get(rid, ())) or 1))
         step_input = StepInput(tuple(rows), frozenset(out.finished_req_ids), frozenset(out.preempted_req_ids or ()),
                                frozenset(out.scheduled_cached_reqs.resumed_req_ids or ()))
-        plans = tuple(worker.step(step_input)) if rows else ()
+        plans = tuple(p for w in workers for p in w.step(step_input)) if rows else ()
         session.feed(out, sampled, set())
         if k:
             accept_next.clear()

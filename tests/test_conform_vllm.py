@@ -11,6 +11,7 @@ import pytest
 
 from fuzz import vllm_bridge as vb
 from fuzz.conform_rows import DECODE, PREFILL, SPEC_DECODE, RowInput, RowPlan, StepInput, Write
+from fuzz.conform_v2 import V2Worker
 from fuzz.conform_vllm import V1Worker
 from fuzz.scenario import EngineConfig
 
@@ -20,20 +21,25 @@ TABLE = (5, 6, 7, 8, 9)  # the request's mamba block table: column c holds block
 OTHER = (20, 21, 22, 23)
 
 
-def make_worker(**engine) -> V1Worker:
+RUNNERS = ("v1", "v2")
+
+
+def make_worker(runner: str = "v1", temporal_tiles: int | None = 1, **engine) -> V1Worker | V2Worker:
     e = EngineConfig(mamba_block_size=MAMBA_BLOCK_SIZE, attn_block_size=MAMBA_BLOCK_SIZE,
                      max_num_batched_tokens=512, **engine)
     vc = vb.vllm_config_for(e, 1024)
     spec = vb.kv_cache_config_for(e, NUM_BLOCKS).kv_cache_groups[1].kv_cache_spec
-    return V1Worker(vc, spec, NUM_BLOCKS, hash_block_size=MAMBA_BLOCK_SIZE,
-                    cache_hit_alignment_tokens=MAMBA_BLOCK_SIZE, max_model_len=1024)
+    worker = V1Worker if runner == "v1" else V2Worker
+    return worker(vc, spec, NUM_BLOCKS, hash_block_size=MAMBA_BLOCK_SIZE,
+                    cache_hit_alignment_tokens=MAMBA_BLOCK_SIZE, max_model_len=1024,
+                  temporal_tiles=temporal_tiles)
 
 
 def row(rid: str, computed: int, scheduled: int, prompt: int, table=TABLE, drafts: int = 0, sampled: int = 1):
     return RowInput(rid, computed, scheduled, drafts, prompt, table, sampled)
 
 
-def plans(worker: V1Worker, *rows: RowInput, **dropped) -> dict[tuple[str, str], RowPlan]:
+def plans(worker: V1Worker | V2Worker, *rows: RowInput, **dropped) -> dict[tuple[str, str], RowPlan]:
     return {(p.mixer, p.req_id): p for p in worker.step(StepInput(tuple(rows), **dropped))}
 
 
@@ -42,8 +48,9 @@ def plain() -> V1Worker:
     return make_worker()
 
 
-def test_first_prefill_chunk_starts_from_zeros_and_writes_its_end_column():
-    w = make_worker()
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_first_prefill_chunk_starts_from_zeros_and_writes_its_end_column(runner: str):
+    w = make_worker(runner)
     got = plans(w, row("a", 0, 100, 200))
     for mixer in ("gdn", "mamba2"):
         p = got[mixer, "a"]
@@ -52,8 +59,9 @@ def test_first_prefill_chunk_starts_from_zeros_and_writes_its_end_column():
         assert p.pre_copies == () and p.post_copies == ()
 
 
-def test_mid_prefill_chunk_crossing_a_boundary_is_precopied_into_its_end_column():
-    w = make_worker()
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_mid_prefill_chunk_crossing_a_boundary_is_precopied_into_its_end_column(runner: str):
+    w = make_worker(runner)
     plans(w, row("a", 0, 100, 200))
     got = plans(w, row("a", 100, 100, 200))
     for mixer in ("gdn", "mamba2"):
@@ -64,8 +72,9 @@ def test_mid_prefill_chunk_crossing_a_boundary_is_precopied_into_its_end_column(
         assert p.writes == (Write(3, 8, "final"),)
 
 
-def test_plain_decode_reads_and_writes_the_running_column():
-    w = make_worker()
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_plain_decode_reads_and_writes_the_running_column(runner: str):
+    w = make_worker(runner)
     plans(w, row("a", 0, 130, 130))
     got = plans(w, row("a", 130, 1, 130))
     for mixer in ("gdn", "mamba2"):
@@ -75,8 +84,9 @@ def test_plain_decode_reads_and_writes_the_running_column():
         assert p.pre_copies == ()
 
 
-def test_spec_decode_row_writes_every_token_and_postcopies_the_crossed_boundary():
-    w = make_worker(spec_method="mtp", num_speculative_tokens=2)
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_spec_decode_row_writes_every_token_and_postcopies_the_crossed_boundary(runner: str):
+    w = make_worker(runner, spec_method="mtp", num_speculative_tokens=2)
     plans(w, row("a", 0, 62, 62))
     # 1 real + 2 drafts from 62: running column moves 0 -> 1 (pre-copy); all 3 accepted
     got = plans(w, row("a", 62, 3, 62, drafts=2, sampled=3))
@@ -94,11 +104,17 @@ def test_spec_decode_row_writes_every_token_and_postcopies_the_crossed_boundary(
         assert (p.read_column, p.read_block, p.num_accepted) == (3, 8, 3)
 
 
-def test_a_spec_row_skipped_for_one_step_forgets_its_accepted_offset():
+# runner -> (num_accepted, read column, read block) after the skipped step; the true state is column 3
+SKIPPED_STEP_READ = {"v1": (1, 1, 6), "v2": (3, 3, 8)}
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_spec_row_skipped_for_one_step(runner: str):
     """V1 drops unscheduled requests from its persistent batch (_update_states); re-adding one
     resets num_accepted_tokens_cpu to 1 (InputBatch.add_request) while mamba_state_idx survives,
-    so the kernel reads the running column, not the accepted token's column."""
-    w = make_worker(spec_method="mtp", num_speculative_tokens=2)
+    so its kernel reads the running column, not the accepted token's. V2 keeps the request's slot
+    (and its accepted count) across the skipped step."""
+    w = make_worker(runner, spec_method="mtp", num_speculative_tokens=2)
     plans(w, row("a", 0, 70, 70))
     got = plans(w, row("a", 70, 3, 70, drafts=2, sampled=3))  # accepts both drafts, no boundary crossed
     assert got["gdn", "a"].post_copies == ()
@@ -106,12 +122,13 @@ def test_a_spec_row_skipped_for_one_step_forgets_its_accepted_offset():
     back = plans(w, row("a", 73, 3, 70, drafts=2))
     for mixer in ("gdn", "mamba2"):
         p = back[mixer, "a"]
-        assert (p.num_accepted, p.read_column, p.read_block) == (1, 1, 6)  # state after 73 is in column 3
+        assert (p.num_accepted, p.read_column, p.read_block) == SKIPPED_STEP_READ[runner]
 
 
-def test_a_spec_row_scheduled_every_step_keeps_its_accepted_offset():
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_spec_row_scheduled_every_step_keeps_its_accepted_offset(runner: str):
     """The control for the test above: without the skipped step the kernel reads column 3."""
-    w = make_worker(spec_method="mtp", num_speculative_tokens=2)
+    w = make_worker(runner, spec_method="mtp", num_speculative_tokens=2)
     plans(w, row("a", 0, 70, 70))
     plans(w, row("a", 70, 3, 70, drafts=2, sampled=3))
     nxt = plans(w, row("a", 73, 3, 70, drafts=2))
@@ -120,30 +137,42 @@ def test_a_spec_row_scheduled_every_step_keeps_its_accepted_offset():
         assert (p.num_accepted, p.read_column, p.read_block) == (3, 3, 8)
 
 
-@pytest.mark.parametrize("computed", [0, 64])
-def test_one_token_prompt_tail_padded_with_placeholder_drafts(computed: int):
+# (runner, computed) -> kind per mixer for a one-token prompt tail padded with 2 placeholder drafts
+PADDED_TAIL_KINDS = {
+    ("v1", 0): {"gdn": SPEC_DECODE, "mamba2": PREFILL},
+    ("v1", 64): {"gdn": SPEC_DECODE, "mamba2": SPEC_DECODE},
+    ("v2", 0): {"gdn": PREFILL, "mamba2": PREFILL},
+    ("v2", 64): {"gdn": SPEC_DECODE, "mamba2": SPEC_DECODE},
+}
+
+
+@pytest.mark.parametrize("runner,computed", sorted(PADDED_TAIL_KINDS))
+def test_one_token_prompt_tail_padded_with_placeholder_drafts(runner: str, computed: int):
     """The scheduler pads a one-token prompt tail with k -1 drafts (scheduler.py:1131-1153,
-    1371-1374). V1's num_decode_draft_tokens makes it a spec row for GDN either way; Mamba2's
-    _compute_common_metadata turns it into a decode only with prior state (padded_prompt_tail_rows
-    needs stateful_prefill_rows), so a fresh one-token prompt stays a Mamba2 *prefill* over
-    1 real token + 2 placeholders."""
-    w = make_worker(spec_method="mtp", num_speculative_tokens=2)
+    1371-1374). With context before it, every builder of both runners runs it speculatively.
+    A fresh one-token prompt (nothing computed) splits: V1's num_decode_draft_tokens
+    (gpu_model_runner.py:2208-2210) makes it a GDN spec row, but Mamba2's padded_prompt_tail_rows
+    needs prior state (mamba_attn.py `_compute_common_metadata`), and V2 runs a prefilling row as
+    a decode only with computed prefill tokens (gpu/model_runner.py:1330), so those run a *prefill*
+    over 1 real token + 2 placeholders and store its final state in the running column."""
+    w = make_worker(runner, spec_method="mtp", num_speculative_tokens=2)
     if computed:
         plans(w, row("a", 0, computed, computed + 1))
     got = plans(w, row("a", computed, 3, computed + 1, drafts=2))
-    gdn, mamba2 = got["gdn", "a"], got["mamba2", "a"]
     col = computed // MAMBA_BLOCK_SIZE
-    assert (gdn.kind, gdn.has_initial_state, gdn.read_column, gdn.num_accepted) == (SPEC_DECODE, True, col, 1)
-    assert len(gdn.writes) == 3
-    if computed:
-        assert (mamba2.kind, mamba2.read_column) == (SPEC_DECODE, col)
-    else:
-        assert (mamba2.kind, mamba2.has_initial_state, mamba2.read_column) == (PREFILL, False, None)
-        assert mamba2.writes == (Write(0, 5, "final"),)  # the state after the placeholders
+    for mixer, kind in PADDED_TAIL_KINDS[runner, computed].items():
+        p = got[mixer, "a"]
+        assert p.kind == kind
+        if kind == SPEC_DECODE:
+            assert (p.has_initial_state, p.read_column, p.num_accepted, len(p.writes)) == (True, col, 1, 3)
+        else:
+            assert (p.has_initial_state, p.read_column) == (False, None)
+            assert p.writes == (Write(0, 5, "final"),)  # the state after the placeholders
 
 
-def test_internal_prefill_checkpoint_row():
-    w = make_worker(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=16)
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_internal_prefill_checkpoint_row(runner: str):
+    w = make_worker(runner, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=16)
     got = plans(w, row("a", 0, 201, 201))
     m2 = got["mamba2", "a"]
     # compute_mamba_prefill_checkpoints: position 192 (3 blocks), column cdiv(201, 64) - 2 = 2
@@ -178,3 +207,18 @@ def test_drive_yields_vllms_rows_for_a_prefix_hit():
     cached, running = r1.block_ids[2], r1.block_ids[3]
     assert p.pre_copies == ((cached, running),)
     assert (p.kind, p.has_initial_state, p.read_column, p.read_block) == (PREFILL, True, 3, running)
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_one_copy_tile_decides_like_vllms_sixteen(runner: str):
+    """The interpreter runs the fused copies with one temporal tile (fast); vLLM's 16 tiles only
+    split each copy's bytes, so the plans are identical."""
+    def run(tiles):
+        w = make_worker(runner, temporal_tiles=tiles, spec_method="mtp", num_speculative_tokens=2)
+        steps = [(row("a", 0, 62, 62),), (row("a", 62, 3, 62, drafts=2, sampled=3),),
+                 (row("a", 65, 3, 62, drafts=2, sampled=2),)]
+        return [plans(w, *rows) for rows in steps]
+
+    fast, vllm = run(1), run(None)
+    assert fast == vllm
+    assert fast[1]["gdn", "a"].post_copies == ((7, 5),)
