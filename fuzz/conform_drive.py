@@ -75,7 +75,7 @@ def drive(s: Scenario, runners: tuple[str, ...] = ("v1", "v2")) -> Iterator[Conf
                                  tuple(session.mamba_block_ids(rid)), len(sampled.get(rid, ())) or 1))
         step_input = StepInput(tuple(rows), frozenset(out.finished_req_ids), frozenset(out.preempted_req_ids or ()),
                                frozenset(out.scheduled_cached_reqs.resumed_req_ids or ()))
-        plans = tuple(p for w in workers for p in w.step(step_input)) if rows else ()
+        plans = tuple(p for w in workers for p in w.step(step_input))  # empty steps still drop requests
         session.feed(out, sampled, set())
         if k:
             accept_next.clear()

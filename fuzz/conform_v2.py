@@ -101,7 +101,10 @@ class V2Worker:
                              _Group(base.builders["mamba2"], self.spec, MAMBA2_LAYER)]]
 
     def step(self, step: StepInput) -> list[RowPlan]:
+        """One step through V2's mamba bookkeeping; a step without rows only frees and adds slots."""
         self._sync_slots(step)
+        if not step.rows:
+            return []
         rows = {r.req_id: r for r in step.rows}
         drafts = {r.req_id: [-1] * r.num_drafts for r in step.rows if r.num_drafts}
         order = sort_batch_req_ids({r.req_id: r.num_scheduled for r in step.rows}, drafts, 1 + self.num_spec)

@@ -133,9 +133,13 @@ class V1Worker:
 
     # ---- one step ------------------------------------------------------------------
     def step(self, step: StepInput) -> list[RowPlan]:
-        """Run one step's worker bookkeeping through vLLM and return a RowPlan per row and mixer."""
+        """Run one step's worker bookkeeping through vLLM and return a RowPlan per row and mixer.
+        A step without rows only updates the batch, as execute_model returns right after
+        _update_states when nothing is scheduled."""
         out = self._scheduler_output(step)
         self._sync_batch(step, out)
+        if not step.rows:
+            return []
         ib = self.input_batch
         num_reqs = ib.num_reqs
         ib.block_table.commit_block_table(num_reqs)

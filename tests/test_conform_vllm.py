@@ -222,3 +222,12 @@ def test_one_copy_tile_decides_like_vllms_sixteen(runner: str):
     fast, vllm = run(1), run(None)
     assert fast == vllm
     assert fast[1]["gdn", "a"].post_copies == ((7, 5),)
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_step_without_rows_still_drops_finished_requests(runner: str):
+    w = make_worker(runner)
+    plans(w, row("a", 0, 100, 300))
+    assert w.step(StepInput((), finished=frozenset({"a"}))) == []
+    held = w.input_batch.req_id_to_index if runner == "v1" else w.slots
+    assert "a" not in held
