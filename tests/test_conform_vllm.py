@@ -231,3 +231,22 @@ def test_a_step_without_rows_still_drops_finished_requests(runner: str):
     assert w.step(StepInput((), finished=frozenset({"a"}))) == []
     held = w.input_batch.req_id_to_index if runner == "v1" else w.slots
     assert "a" not in held
+
+
+def test_the_real_scheduler_pads_a_fresh_one_token_prompt():
+    """Through the real scheduler: a 1-token prompt arriving while another request decodes is
+    scheduled with 2 placeholder drafts and nothing computed; the classifications of
+    PADDED_TAIL_KINDS[(runner, 0)] hold on that row."""
+    from fuzz.conform_drive import drive
+    from fuzz.scenario import RequestSpec, Scenario
+
+    s = Scenario(engine=EngineConfig(mamba_block_size=MAMBA_BLOCK_SIZE, attn_block_size=16, max_num_batched_tokens=64,
+                                     spec_method="mtp", num_speculative_tokens=2),
+                 requests=[RequestSpec(unique_len=20, max_tokens=10), RequestSpec(arrival_step=3, unique_len=1, max_tokens=4)],
+                 acceptance=[1])
+    padded = [(st, r) for st in drive(s) for r in st.input.rows if r.req_id == "r1" and r.num_drafts]
+    st, r = padded[0]
+    assert (r.num_computed, r.num_scheduled, r.num_drafts, r.num_prompt_tokens) == (0, 3, 2, 1)
+    kinds = {(p.runner, p.mixer): p.kind for p in st.plans if p.req_id == "r1"}
+    assert kinds == {(runner, mixer): kind for runner in RUNNERS
+                     for mixer, kind in PADDED_TAIL_KINDS[runner, 0].items()}
