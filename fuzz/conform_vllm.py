@@ -263,7 +263,8 @@ class V1Worker:
         if self.temporal_tiles is not None:
             mamba_utils._TEMPORAL_TILES = self.temporal_tiles
         try:
-            phase()
+            with triton_cpu.interpreting():
+                phase()
         finally:
             mamba_utils._TEMPORAL_TILES = saved
         moved = (self.state[:, 0] != torch.arange(self.state.shape[0])).nonzero().flatten().tolist()
