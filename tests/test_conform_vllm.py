@@ -250,3 +250,29 @@ def test_the_real_scheduler_pads_a_fresh_one_token_prompt():
     kinds = {(p.runner, p.mixer): p.kind for p in st.plans if p.req_id == "r1"}
     assert kinds == {(runner, mixer): kind for runner in RUNNERS
                      for mixer, kind in PADDED_TAIL_KINDS[runner, 0].items()}
+
+
+def test_the_real_scheduler_skips_a_spec_row_and_v1_copies_a_stale_state():
+    """Through the real scheduler (mamba block 8, budget 10, MTP k = 2): r1 decodes beside r0's
+    chunked prefill, accepts a draft (the state after 7 tokens sits in column 1, accepted count 2),
+    is left out while r0's last chunk takes the whole budget, and comes back crossing into column 1.
+    V1 re-added it with accepted count 1, so its pre-copy moves column 0 (the state after 6
+    tokens) over column 1, which the kernel then reads at 7 computed tokens. V2 copies column 1
+    onto itself (invisible) and reads the right state."""
+    from fuzz.conform_drive import drive
+    from fuzz.scenario import RequestSpec, Scenario
+
+    s = Scenario(engine=EngineConfig(mamba_block_size=8, attn_block_size=8, max_num_batched_tokens=10, max_num_seqs=4,
+                                     spec_method="mtp", num_speculative_tokens=2),
+                 requests=[RequestSpec(unique_len=42, max_tokens=4), RequestSpec(unique_len=1, max_tokens=20)],
+                 acceptance=[1])
+    steps = {st.step: st for st in drive(s)}
+    assert [r.req_id for r in steps[4].input.rows] == ["r0"]  # r1 left out
+    (r1,) = [r for r in steps[5].input.rows if r.req_id == "r1"]
+    assert (r1.num_computed, r1.num_scheduled, r1.num_drafts) == (7, 3, 2)
+    col0, col1 = r1.block_ids[0], r1.block_ids[1]
+    got = {(p.runner, p.mixer): p for p in steps[5].plans if p.req_id == "r1"}
+    for mixer in ("gdn", "mamba2"):
+        assert got["v1", mixer].pre_copies == ((col0, col1),)
+        assert got["v2", mixer].pre_copies == ()
+        assert got["v1", mixer].read_block == got["v2", mixer].read_block == col1
