@@ -36,14 +36,16 @@ triton_cpu.enable()  # before any vLLM kernel module is imported
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from vllm.config import VllmConfig  # noqa: E402
-from vllm.config.compilation import CUDAGraphMode  # noqa: E402
-from vllm.v1.kv_cache_interface import MambaSpec  # noqa: E402
-from vllm.v1.worker.gpu.model_runner import sort_batch_req_ids  # noqa: E402
-from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState  # noqa: E402
 
 from fuzz import conform_vllm as v1  # noqa: E402
 from fuzz.conform_rows import RowInput, RowPlan, StepInput  # noqa: E402
+from fuzz.vllm_compat.api import (  # noqa: E402
+    CUDAGraphMode,
+    MambaHybridModelState,
+    MambaSpec,
+    VllmConfig,
+    sort_batch_req_ids,
+)
 
 CPU = v1.CPU
 GDN_LAYER, MAMBA2_LAYER = "conform.gdn", "conform.mamba2"

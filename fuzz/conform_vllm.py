@@ -43,20 +43,27 @@ from fuzz import triton_cpu
 triton_cpu.enable()
 
 import torch  # noqa: E402
-from vllm.config import VllmConfig  # noqa: E402
-from vllm.model_executor.layers.mamba.mamba_utils import get_temporal_copy_spec  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
-from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder  # noqa: E402
-from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder  # noqa: E402
-from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum  # noqa: E402
-from vllm.v1.attention.backends.utils import reorder_batch_to_split_decodes_and_prefills  # noqa: E402
-from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec  # noqa: E402
-from vllm.v1.utils import CpuGpuBuffer  # noqa: E402
-from vllm.v1.worker import mamba_utils  # noqa: E402
-from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch  # noqa: E402
 
 from fuzz.conform_rows import DECODE, PREFILL, SPEC_DECODE, RowInput, RowPlan, StepInput, Write  # noqa: E402
+from fuzz.vllm_compat.api import (  # noqa: E402
+    CachedRequestState,
+    CommonAttentionMetadata,
+    CpuGpuBuffer,
+    GDNAttentionMetadataBuilder,
+    InputBatch,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    Mamba2AttentionMetadataBuilder,
+    MambaAttentionBackendEnum,
+    MambaSpec,
+    SamplingParams,
+    VllmConfig,
+    get_temporal_copy_spec,
+    reorder_batch_to_split_decodes_and_prefills,
+)
+from fuzz.vllm_compat.api import (  # noqa: E402
+    worker_mamba_utils as mamba_utils,
+)
 
 VLLM_VERSION = "0.32.0"
 LAYER = "conform.mamba"  # the one mamba layer of the worker's single mamba group

@@ -45,7 +45,8 @@ def enable() -> None:
     with interpreting():
         import triton
         import triton.language as tl
-        import vllm.triton_utils as tu
+
+        from fuzz.vllm_compat.api import triton_utils_module as tu
 
         if tu.triton is triton:
             return

@@ -50,7 +50,20 @@ SYMBOLS: dict[str, tuple[Place, ...]] = {
     # The engine tier (a real LLMEngine on CPU).
     **_at("vllm.engine.arg_utils", "EngineArgs"),
     **_at("vllm.v1.engine.llm_engine", "LLMEngine"),
-    **_at("vllm.model_executor.layers.mamba.mamba_utils", "MambaStateShapeCalculator"),
+    **_at("vllm.model_executor.layers.mamba.mamba_utils", "MambaStateShapeCalculator", "get_temporal_copy_spec"),
+    # The conformance tier: vLLM's own model-runner (worker) code, called on CPU.
+    **_at("vllm.config.compilation", "CUDAGraphMode"),
+    **_at("vllm.v1.attention.backend", "CommonAttentionMetadata"),
+    **_at("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadataBuilder"),
+    **_at("vllm.v1.attention.backends.mamba2_attn", "Mamba2AttentionMetadataBuilder"),
+    **_at("vllm.v1.attention.backends.registry", "MambaAttentionBackendEnum"),
+    **_at("vllm.v1.attention.backends.utils", "reorder_batch_to_split_decodes_and_prefills"),
+    **_at("vllm.v1.utils", "CpuGpuBuffer"),
+    **_at("vllm.v1.worker.gpu_input_batch", "CachedRequestState", "InputBatch"),
+    **_at("vllm.v1.worker.gpu.model_runner", "sort_batch_req_ids"),
+    **_at("vllm.v1.worker.gpu.model_states.mamba_hybrid", "MambaHybridModelState"),
+    "worker_mamba_utils": (Place("vllm.v1.worker.mamba_utils", None),),
+    "triton_utils_module": (Place("vllm.triton_utils", None),),
 }
 
 # Names a release may lack without losing the scheduler harness: only inputs that need them
