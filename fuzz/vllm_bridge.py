@@ -55,6 +55,7 @@ from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput 
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
+from fuzz import patching  # noqa: E402
 from fuzz.scenario import EngineConfig  # noqa: E402
 
 for _name in ("vllm", "vllm.config", "vllm.v1"):
@@ -217,8 +218,8 @@ class SchedulerSession:
             block_size=block_size,
             hash_block_size=hash_block_size,
         )
-        if split is not None:
-            setattr(self.scheduler, SPLIT_METHOD, types.MethodType(split, self.scheduler))
+        if split is not None:  # wrapped by any active fix of the split (fuzz.patching)
+            setattr(self.scheduler, SPLIT_METHOD, types.MethodType(patching.wrap_split(split), self.scheduler))
         self.hash_block_size = hash_block_size
         self.mamba_block_size = engine.mamba_block_size
         managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
@@ -344,4 +345,15 @@ def _apply_planted_bug() -> None:
         mutants.apply_from_env()
 
 
+def _apply_known_fixes() -> None:
+    """`--with-known-fixes`: MAMBAFUZZ_WITH_KNOWN_FIXES names the known-bug directories (os.pathsep
+    separated) whose candidate fixes every run of this process applies (after any mutant)."""
+    dirs = os.environ.get("MAMBAFUZZ_WITH_KNOWN_FIXES")
+    if dirs:
+        from fuzz import attribution
+
+        attribution.apply_known_fixes([Path(d) for d in dirs.split(os.pathsep) if d])
+
+
 _apply_planted_bug()
+_apply_known_fixes()
