@@ -18,8 +18,34 @@ SPLIT_HELP = ("chunk split under test: fixed (installed vLLM, default), prefix (
               "(same signature as Scheduler._mamba_block_aligned_split)")
 
 
+PATCH_HELP = ("apply a candidate fix to the installed vLLM for these runs: path/to/fix.py (its PATCHES) or "
+              "package.module:NAME (a list of fuzz.patching patches, or a function returning one); repeatable")
+
+
 class UsageError(Exception):
     pass
+
+
+def add_patch_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--patch", action="append", default=[], metavar="FIX", help=PATCH_HELP)
+
+
+def patches_or_usage(specs: list[str]) -> list:
+    """The patches named by --patch values; a bad one, or one that no longer applies to the
+    installed vLLM, is a usage error."""
+    from fuzz import patching
+
+    out = []
+    for spec in specs:
+        try:
+            patches = patching.load_patches(spec)
+        except patching.PatchSpecError as exc:
+            raise UsageError(str(exc)) from None
+        problem = patching.check_applies(patches)
+        if problem:
+            raise UsageError(f"--patch {spec} does not apply to the installed vLLM: {problem}")
+        out += patches
+    return out
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "whether the verdict matches it.")
     r.add_argument("files", nargs="+", metavar="FILE")
     r.add_argument("--split", default="fixed", help=SPLIT_HELP)
+    add_patch_argument(r)
     r.add_argument("--trace", action="store_true", help="print a step table: chunks, slot writes, new hashes")
     r.add_argument("--json", action="store_true", help="print one JSON object per file instead of text")
     r.add_argument("--no-differential", action="store_true", help="skip the prefix-caching-off run")
@@ -94,6 +121,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     from fuzz.scenario import ScenarioError, engine_realism_notes
 
     _split_or_usage(args.split)
+    patches = patches_or_usage(args.patch)
     worst = EXIT_CLEAN
     for path in args.files:
         try:
@@ -108,7 +136,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
             continue
         try:
             ev = evaluate(case.scenario, args.split, differential=not args.no_differential,
-                          strict_efficiency=args.strict_efficiency)
+                          strict_efficiency=args.strict_efficiency, patches=patches)
         except ScenarioError as exc:
             print(f"mambafuzz: {path}: {'; '.join(exc.problems)}", file=sys.stderr)
             worst = EXIT_USAGE

@@ -52,6 +52,14 @@ def _mutated_split(sched, request, n, local, external, *, drop_tail_stop=False, 
     return got
 
 
+def realign_one_block_late_split(self, request, num_new_tokens, num_new_local_computed_tokens=0,
+                                 num_external_computed_tokens=0):
+    """`split_realign_one_block_late` as a `--split` candidate (no process-wide patch): a split
+    bug whose findings in checkpoint engines share the upstream mid-block class's signature."""
+    return _mutated_split(self, request, num_new_tokens, num_new_local_computed_tokens,
+                          num_external_computed_tokens, realign_one_block_late=True)
+
+
 @mutant("split: a chunk the budget cannot align is scheduled unaligned instead of deferred")
 def split_no_defer() -> None:
     _patch_split(no_defer=True)

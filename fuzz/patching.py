@@ -17,6 +17,7 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import sys
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -185,10 +186,13 @@ def load_patches(spec: str) -> list[Patch]:
         module_spec = importlib.util.spec_from_file_location(mod_name, path)
         assert module_spec is not None and module_spec.loader is not None
         module = importlib.util.module_from_spec(module_spec)
+        was, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ among the cases
         try:
             module_spec.loader.exec_module(module)
         except Exception as exc:  # noqa: BLE001 - a broken fix file is a usage error, named
             raise PatchSpecError(f"--patch {spec}: cannot load ({type(exc).__name__}: {exc})") from None
+        finally:
+            sys.dont_write_bytecode = was
         value: Any = getattr(module, "PATCHES", None)
     else:
         module_name, sep, attr = spec.partition(":")

@@ -26,9 +26,10 @@ def evaluate(scenario: Scenario, split: str = "fixed", differential: bool = True
     `patches` (candidate fixes) are applied to vLLM for the split's runs and restored after;
     the reference runs the installed vLLM as it is."""
     fn = splits.resolve(split)
+    label = f"{split}+{len(patches)} patch(es)" if patches else split
     with patching.applied(patches):
-        trace = harness.run(scenario, fn, split)
-        uncached = harness.run(scenario, fn, split, prefix_caching=False) if differential else None
+        trace = harness.run(scenario, fn, label)
+        uncached = harness.run(scenario, fn, label, prefix_caching=False) if differential else None
     reference = None
     if efficiency and (split != "fixed" or patches):
         reference = harness.run(scenario, None, "fixed")

@@ -355,5 +355,15 @@ def _apply_known_fixes() -> None:
         attribution.apply_known_fixes([Path(d) for d in dirs.split(os.pathsep) if d])
 
 
+def _apply_env_patches() -> None:
+    """`--patch` in a campaign: MAMBAFUZZ_PATCHES names the patch specs (os.pathsep separated)
+    that every run of this worker applies."""
+    specs = os.environ.get("MAMBAFUZZ_PATCHES")
+    for spec in specs.split(os.pathsep) if specs else ():
+        for p in patching.load_patches(spec):
+            patching.apply_one(p)
+
+
 _apply_planted_bug()
 _apply_known_fixes()
+_apply_env_patches()
