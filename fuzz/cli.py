@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fuzz.engine_tier.cli import add_engine_commands
 
     add_engine_commands(sub)
+    from fuzz.export import add_export_commands
+
+    add_export_commands(sub)
     return p
 
 
