@@ -60,6 +60,9 @@ class Wrap:
 
     target: str
     make: Callable[[Callable[..., Any]], Callable[..., Any]]
+    # For the split target: also wrap a --split candidate (a fix does; a planted bug in
+    # vLLM's own method does not).
+    wraps_candidates: bool = True
 
     def replacement(self, current: Any) -> Any:
         if isinstance(current, classmethod):
@@ -152,7 +155,7 @@ def apply_one(p: Patch) -> Callable[[], None]:
     had_own = isinstance(owner, type) and attr in vars(owner)
     current = vars(owner)[attr] if had_own else getattr(owner, attr)
     setattr(owner, attr, p.replacement(current))
-    is_split = p.target == SPLIT_TARGET and isinstance(p, Wrap)
+    is_split = p.target == SPLIT_TARGET and isinstance(p, Wrap) and p.wraps_candidates
     if is_split:
         _split_wraps.append(p)
 
