@@ -144,7 +144,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
             print(f"mambafuzz: {path}: {'; '.join(exc.problems)}", file=sys.stderr)
             worst = EXIT_USAGE
             continue
-        expected = case.expected.get(args.split)
+        expected = None if patches else case.expected.get(args.split)  # it describes the unpatched vLLM
         notes = engine_realism_notes(case.scenario.engine)
         if args.json:
             obj = describe(path, args.split, ev, expected)

@@ -77,14 +77,25 @@ def fix_dir(case: Case) -> Path | None:
     return d if (d / "fix.py").is_file() else None
 
 
+FIX_SECTION = "## Candidate fix (`fix.py`)"
+COST_SECTION = "### Cost"
+
+
 def _analysis(directory: Path | None) -> tuple[str, str]:
-    """(title, body) of the finding's README.md, without its heading."""
+    """(title, body) of the finding's README.md, without its heading and its fix section."""
     readme = directory / "README.md" if directory else None
     if readme is None or not readme.is_file():
         return "", ""
-    lines = readme.read_text().splitlines()
+    text = readme.read_text().split(FIX_SECTION)[0]
+    lines = text.splitlines()
     title = lines[0].lstrip("# ").removeprefix("Upstream behaviour: ") if lines else ""
-    return title, "\n".join(lines[1:]).strip()
+    return title[:1].upper() + title[1:], "\n".join(lines[1:]).strip()
+
+
+def _recorded_cost(directory: Path) -> str | None:
+    """The cost section the finding's README already records (bench/fix_cost.py), if any."""
+    text = (directory / "README.md").read_text() if (directory / "README.md").is_file() else ""
+    return text.split(COST_SECTION, 1)[1].split("\n", 1)[1].strip() if COST_SECTION in text else None
 
 
 def report_text(case: Case, cost_rows: int = 30) -> str:
@@ -98,6 +109,7 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
     title, body = _analysis(directory)
     sig = case_signature(case)
     before = evaluate(case.scenario, "fixed", efficiency=False).verdict
+    body = re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", body, flags=re.M)  # under this report's headings
     parts = [f"# {title or case.path.stem}", "", "## What happens", "", body or "(no analysis on file)", "",
              "## Minimal reproduction", "",
              f"A standalone test against vLLM's own APIs (`mambafuzz export-test {case.path}`); it fails on the "
@@ -113,9 +125,9 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
                   "## Candidate fix", "", "Applied to the installed vLLM by mambafuzz (`--patch`); as a change to "
                   "vLLM it is the edit or wrap below.", "", "```python", (directory / "fix.py").read_text().rstrip(),
                   "```", "", "## Cost of the fix", "",
+                  _recorded_cost(directory) or
                   "vLLM with and without the fix (forward steps, hashed snapshots, prefix-hit tokens summed; "
-                  "`worse` counts scenarios made worse; crashed runs excluded):", "",
-                  cost_table(patches, cost_rows)]
+                  "`worse` counts scenarios made worse; crashed runs excluded):\n\n" + cost_table(patches, cost_rows)]
     return "\n".join(parts) + "\n"
 
 

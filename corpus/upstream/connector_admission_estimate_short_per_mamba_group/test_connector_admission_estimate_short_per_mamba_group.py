@@ -1,4 +1,4 @@
-"""admission with connector tokens under-counts one block per mamba group
+"""Admission with connector tokens under-counts one block per mamba group
 
 Exported by mambafuzz from connector_admission_estimate_short_per_mamba_group.json (signature vllm_crash:ValueError@vllm/v1/core/block_pool.py:get_new_blocks).
 Fails on the unmodified vLLM; passes with the candidate fix applied.

@@ -1,4 +1,4 @@
-"""a mid-block resume crosses a boundary under the internal-checkpoint exemption
+"""A mid-block resume crosses a boundary under the internal-checkpoint exemption
 
 Exported by mambafuzz from internal_checkpoint_poison_read_back.json (signature slot_hash:short/connector+ckpt).
 Fails on the unmodified vLLM; passes with the candidate fix applied.

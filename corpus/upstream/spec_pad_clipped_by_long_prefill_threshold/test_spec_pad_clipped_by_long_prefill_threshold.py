@@ -1,4 +1,4 @@
-"""a padded speculative row clipped by `long_prefill_token_threshold` crashes the scheduler
+"""A padded speculative row clipped by `long_prefill_token_threshold` crashes the scheduler
 
 Exported by mambafuzz from spec_pad_clipped_by_long_prefill_threshold.json (signature vllm_crash:nocache-AssertionError@vllm/v1/core/sched/scheduler.py:schedule).
 Fails on the unmodified vLLM; passes with the candidate fix applied.

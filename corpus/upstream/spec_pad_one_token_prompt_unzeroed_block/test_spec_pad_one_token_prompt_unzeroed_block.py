@@ -1,4 +1,4 @@
-"""a 1-token prompt under MTP starts from a recycled mamba block
+"""A 1-token prompt under MTP starts from a recycled mamba block
 
 Exported by mambafuzz from spec_pad_one_token_prompt_unzeroed_block.json (signature stale_read:from-empty).
 Fails on the unmodified vLLM; passes with the candidate fix applied.
