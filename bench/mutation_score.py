@@ -1,7 +1,9 @@
 """Mutation score: plant each bug of fuzz/mutants.py into the installed vLLM (in the worker
 processes only), fuzz `--split fixed` from an empty corpus (known regression and upstream
 signatures do not count), and report which mutants the
-fuzzer kills, how fast, and with what signature.
+fuzzer kills, how fast, and with what signature. A finding kills a mutant only when it fails
+with the mutant and replays clean without it (`fuzz.mutants.confirms_kill`, in this process);
+a first finding that does not is reported as `unconfirmed`, not as a kill.
 
     python bench/mutation_score.py [--engines random atheris] [--seeds 3] [--max-time 60] [--json OUT]
 """
@@ -34,9 +36,16 @@ def hunt(mutant: str, engine: str, seed: int, max_time: float) -> dict:
         if proc.returncode != 1 or not files:
             return {"mutant": mutant, "engine": engine, "seed": seed, "killed": False}
         meta = json.loads(files[0].read_text())["finding"]
-        return {"mutant": mutant, "engine": engine, "seed": seed, "killed": True, "signature": meta["signature"],
-                "seconds": meta["origin"].get("seconds"), "execs": meta["origin"].get("execs"),
-                "min_requests": meta["minimized"]["requests"]}
+        row = {"mutant": mutant, "engine": engine, "seed": seed, "killed": True, "signature": meta["signature"],
+               "seconds": meta["origin"].get("seconds"), "execs": meta["origin"].get("execs"),
+               "min_requests": meta["minimized"]["requests"]}
+        if mutant != "none":  # the control has no planted bug to confirm: any finding is a false positive
+            from fuzz.corpus import load_case
+            from fuzz.mutants import confirms_kill
+
+            ok, why = confirms_kill(load_case(files[0]).scenario, "fixed", mutant, meta["signature"])
+            row.update(killed=ok, confirmation=why, unconfirmed=not ok)
+        return row
 
 
 def main() -> int:
@@ -58,6 +67,7 @@ def main() -> int:
                 rows.append(r)
                 print(f"  {name:32} {engine:8} seed {seed}: " + (
                     f"killed in {r['seconds']}s ({r['execs']} execs) as {r['signature']}" if r["killed"]
+                    else f"unconfirmed {r['signature']}: {r['confirmation']}" if r.get("unconfirmed")
                     else f"survived {args.max_time:.0f}s"), flush=True)
     print(f"\nmutation score ({args.seeds} seeds x {args.max_time:.0f}s, empty corpus, --split fixed)")
     print(f"{'mutant':32} " + " ".join(f"{e + ' kills':>14} {'median s':>9}" for e in args.engines) + "  description")
@@ -73,7 +83,9 @@ def main() -> int:
     for engine in args.engines:
         killed = {r["mutant"] for r in rows if r["engine"] == engine and r["killed"] and r["mutant"] != "none"}
         planted = [m for m in args.mutants if m != "none"]
-        print(f"{engine}: {len(killed)}/{len(planted)} planted mutants killed at least once")
+        unconfirmed = sum(r.get("unconfirmed", False) for r in rows if r["engine"] == engine)
+        print(f"{engine}: {len(killed)}/{len(planted)} planted mutants killed at least once "
+              f"({unconfirmed} first findings did not confirm the planted bug and count as survived)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -8,6 +8,10 @@ the --jobs 2 speed-up.
                                 [--engines atheris hypothesis random] [--exec-rate-seconds 30]
                                 [--jobs-speedup] [--json OUT]
 
+A finding counts as the planted bug (the known-bad split) only when it fails under that split
+and replays clean under the installed one (`fixed`); any other first finding (an upstream bug,
+which fails under `fixed` too) is reported as `unconfirmed` and the hunt as not found.
+
 Times: "wall" is from starting `mambafuzz fuzz` (includes ~7 s of importing vLLM); "fuzz" is
 from the worker being ready to run inputs (what the engine itself took).
 """
@@ -46,6 +50,10 @@ def one_hunt(split: str, engine: str, seed: int, max_time: float) -> dict:
             return {"split": split, "engine": engine, "seed": seed, "found": False, "wall": wall}
         case = json.loads(files[0].read_text())
         meta = case["finding"]
+        ok, why = confirms_split_bug(files[0], split)
+        if not ok:
+            return {"split": split, "engine": engine, "seed": seed, "found": False, "wall": wall,
+                    "unconfirmed": found.group(2), "confirmation": why}
         return {
             "split": split, "engine": engine, "seed": seed, "found": True,
             "signature": found.group(2), "wall_to_found": float(found.group(1)),
@@ -54,6 +62,21 @@ def one_hunt(split: str, engine: str, seed: int, max_time: float) -> dict:
             "min_tokens": meta["minimized"]["tokens"], "min_seconds": meta["minimized"]["seconds"],
             "input": meta["origin"].get("input"),
         }
+
+
+def confirms_split_bug(path: Path, split: str) -> tuple[bool, str]:
+    """Fails under `split`, clean under the installed split: the planted (split) bug itself."""
+    sys.path.insert(0, str(ROOT))
+    from fuzz.corpus import load_case
+    from fuzz.pipeline import evaluate
+
+    scenario = load_case(path).scenario
+    if evaluate(scenario, split, efficiency=False).verdict.clean:
+        return False, f"clean under {split}"
+    other = evaluate(scenario, "fixed", efficiency=False).verdict
+    if not other.clean:
+        return False, f"fails under fixed too ({other.primary.signature})"
+    return True, "fails under the split, clean under fixed"
 
 
 def exec_rate(engine: str, seconds: float, jobs: int = 1) -> float:
@@ -95,7 +118,9 @@ def main() -> int:
                 print(f"  {split:8} {engine:10} seed {seed}: "
                       + (f"{r['signature']} after {r['fuzz_seconds']}s fuzz / {r['wall_to_found']}s wall, "
                          f"{r['execs']} execs; minimized to {r['min_requests']} req {r['min_tokens']} tok "
-                         f"in {r['min_seconds']}s" if r["found"] else f"nothing in {args.max_time}s"),
+                         f"in {r['min_seconds']}s" if r["found"]
+                         else f"unconfirmed {r['unconfirmed']}: {r['confirmation']}" if r.get("unconfirmed")
+                         else f"nothing in {args.max_time}s"),
                       flush=True)
 
     print("\ntime to first finding, from an empty corpus "

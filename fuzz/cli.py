@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from fuzz.cli_options import SPLIT_HELP
+from fuzz.cli_options import SPLIT_HELP, add_patch_argument, patches_or_usage
 from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_INTERRUPTED, EXIT_TOOL, EXIT_USAGE, ToolError, UsageError
 
 
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "whether the verdict matches it.")
     r.add_argument("files", nargs="+", metavar="FILE")
     r.add_argument("--split", default="fixed", help=SPLIT_HELP)
+    add_patch_argument(r)
     r.add_argument("--trace", action="store_true", help="print a step table: chunks, slot writes, new hashes")
     r.add_argument("--json", action="store_true", help="print one JSON object per file instead of text")
     r.add_argument("--no-differential", action="store_true", help="skip the prefix-caching-off run")
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fuzz.engine_tier.cli import add_engine_commands
 
     add_engine_commands(sub)
+    from fuzz.export import add_export_commands
+
+    add_export_commands(sub)
     return p
 
 
@@ -122,6 +126,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
         return repro_all_versions(args.files, args.split)
     _split_or_usage(args.split)
+    patches = patches_or_usage(args.patch)
     worst = EXIT_CLEAN
     for path in args.files:
         try:
@@ -136,12 +141,12 @@ def cmd_repro(args: argparse.Namespace) -> int:
             continue
         try:
             ev = evaluate(case.scenario, args.split, differential=not args.no_differential,
-                          strict_efficiency=args.strict_efficiency)
+                          strict_efficiency=args.strict_efficiency, patches=patches)
         except ScenarioError as exc:
             print(f"mambafuzz: {path}: {'; '.join(exc.problems)}", file=sys.stderr)
             worst = EXIT_USAGE
             continue
-        expected = case.expected.get(args.split)
+        expected = None if patches else case.expected.get(args.split)  # it describes the unpatched vLLM
         notes = engine_realism_notes(case.scenario.engine)
         if args.json:
             obj = describe(path, args.split, ev, expected)

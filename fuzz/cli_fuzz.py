@@ -8,7 +8,7 @@ import collections
 import sys
 from pathlib import Path
 
-from fuzz.cli_options import SPLIT_HELP
+from fuzz.cli_options import SPLIT_HELP, add_patch_argument, patches_or_usage
 from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE, UsageError
 
 GENERATORS = ("atheris", "hypothesis", "random")
@@ -45,6 +45,10 @@ def add_commands(sub) -> None:
     f.add_argument("--known", nargs="*", default=DEFAULT_KNOWN, metavar="DIR",
                    help="cases whose signatures are not new (default corpus/regressions corpus/upstream)")
     f.add_argument("--stop-on-first", action="store_true", help="stop at the first new finding")
+    f.add_argument("--with-known-fixes", action="store_true",
+                   help="run every input on vLLM plus the candidate fix of every known bug under --known, so what "
+                        "is found is what those fixes leave (a fix that no longer applies is named and skipped)")
+    add_patch_argument(f)
     f.add_argument("--minimize-budget", type=float, default=30.0, metavar="SECONDS",
                    help="time allowed to minimize each finding (default 30)")
     f.add_argument("--rss-limit-mb", type=int, default=4096, metavar="MB",
@@ -66,6 +70,7 @@ def add_commands(sub) -> None:
     m.add_argument("--split", default="fixed", help=SPLIT_HELP)
     m.add_argument("-o", "--output", metavar="OUT")
     m.add_argument("--budget", type=float, default=60.0, metavar="SECONDS")
+    add_patch_argument(m)
     m.add_argument("--confirm-engine", action="store_true", help=CONFIRM_HELP)
     m.set_defaults(handler=cmd_minimize)
 
@@ -157,13 +162,14 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     seed_dirs = _input_dirs(args.seeds, DEFAULT_SEEDS, "--seeds", "the run starts without seeds")
     known_dirs = _input_dirs(args.known, DEFAULT_KNOWN, "--known",
                              "known upstream behaviours and regressions will be filed as new findings")
+    patch_specs, known_fix_dirs = _worker_patches(args, known_dirs)
     cfg = CampaignConfig(
         generator=args.generator, split=args.split, max_time=args.max_time, runs=args.runs, jobs=args.jobs, seed=args.seed,
         corpus=Path(args.corpus), seed_dirs=seed_dirs, findings=Path(args.findings),
         known_dirs=known_dirs, stop_on_first=args.stop_on_first,
         minimize_budget=args.minimize_budget, rss_limit_mb=args.rss_limit_mb,
         libfuzzer_args=list(args.libfuzzer_args), quiet=args.quiet,
-        stats_file=Path(args.stats) if args.stats else None)
+        stats_file=Path(args.stats) if args.stats else None, patches=patch_specs, known_fix_dirs=known_fix_dirs)
     print(f"fuzzing split {args.split} with {args.generator} x{args.jobs} under {sys.executable}, "
           f"findings in {args.findings}/", flush=True)
     result = run_campaign(cfg)
@@ -193,6 +199,22 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return EXIT_FOUND if real else EXIT_CLEAN
 
 
+def _worker_patches(args: argparse.Namespace, known_dirs: list[Path]) -> tuple[list[str], list[str]]:
+    """(--patch specs, --with-known-fixes directories) for the workers' configuration, checked
+    here once so that a bad one is a usage error, not a failure in every worker."""
+    from fuzz.known_bugs import known_fix_bugs
+
+    patches_or_usage(args.patch)
+    specs = [str(Path(p).resolve()) if p.endswith(".py") else p for p in args.patch]
+    fix_dirs: list[str] = []
+    if args.with_known_fixes:
+        for bug in known_fix_bugs(known_dirs):  # name them once here; every worker applies the usable ones
+            state = "applied" if bug.fix_error is None else f"SKIPPED, does not apply: {bug.fix_error}"
+            print(f"with known fix {bug.name}: {state}", flush=True)
+        fix_dirs = [str(d.resolve()) for d in known_dirs]
+    return specs, fix_dirs
+
+
 def cmd_minimize(args: argparse.Namespace) -> int:
     from fuzz import corpus, splits
     from fuzz.corpus import atomic_write, case_json
@@ -200,10 +222,11 @@ def cmd_minimize(args: argparse.Namespace) -> int:
     from fuzz.pipeline import evaluate
     from fuzz.scenario import ScenarioError
 
+    patches = patches_or_usage(args.patch)
     try:
         splits.resolve(args.split)
         case = corpus.load_case(args.file)
-        first = evaluate(case.scenario, args.split, efficiency=False).verdict
+        first = evaluate(case.scenario, args.split, efficiency=False, patches=patches).verdict
     except (splits.SplitError, corpus.CaseError, ScenarioError) as exc:
         raise _usage(str(exc)) from None
     if first.clean:
@@ -212,13 +235,13 @@ def cmd_minimize(args: argparse.Namespace) -> int:
     sig = first.primary.signature
 
     def still_fails(s) -> bool:
-        v = evaluate(s, args.split, efficiency=False).verdict
+        v = evaluate(s, args.split, efficiency=False, patches=patches).verdict
         return not v.clean and v.primary.signature == sig
 
     out = Path(args.output) if args.output else Path(args.file).with_suffix(".min.json")
     print(f"minimizing {args.file} ({sig}), size {case.scenario.size()}", flush=True)
     result = minimize(case.scenario, still_fails, time_budget=args.budget)
-    final = evaluate(result.scenario, args.split, efficiency=False).verdict  # its message names its own chunks
+    final = evaluate(result.scenario, args.split, efficiency=False, patches=patches).verdict  # its message names its own chunks
     message = final.primary.message if not final.clean else first.primary.message
     meta = dict(case.extra.get("finding", {}) or {}, signature=sig, split=args.split, message=message,
                 repro=f"mambafuzz repro {out} --split {args.split}")

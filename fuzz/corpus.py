@@ -161,6 +161,10 @@ def content_name(data: str | bytes, suffix: str = ".json") -> str:
     return hashlib.sha1(blob).hexdigest()[:16] + suffix
 
 
+# Files that live beside cases on purpose (a finding's analysis, its candidate fix): not junk.
+COMPANION_SUFFIXES = (".md", ".py")
+
+
 @dataclass
 class WalkStats:
     loaded: int = 0
@@ -183,7 +187,7 @@ def iter_cases(paths: list[str | os.PathLike], stats: WalkStats | None = None, w
                 warn(f"{p}: skipped, a symlink")
                 stats.skipped += 1
                 continue
-            if p.is_dir():
+            if p.is_dir() or p.suffix in COMPANION_SUFFIXES or "__pycache__" in p.parts:
                 continue
             if not p.is_file():
                 warn(f"{p}: skipped, not a regular file")

@@ -1,5 +1,10 @@
-"""What happens to a violation once an engine finds one: check it reproduces, minimize it,
-deduplicate it by signature, and write it (and the raw input) atomically.
+"""What happens to a violation once an engine finds one: check it reproduces, decide whether
+it is a known bug, minimize it, and write it (and the raw input) atomically.
+
+A violation is a known bug only when a known bug's fix explains it (`fuzz.attribution`); its
+signature is just the fast first key. Within a campaign (and against the findings directory)
+a signature already filed as new still counts as a duplicate: there is no fix to tell two
+new root causes apart yet.
 
 Every engine (random loop, atheris target, Hypothesis target) hands its findings here, so
 they are all filed the same way.
@@ -12,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fuzz import attribution
 from fuzz.corpus import atomic_write, case_json, content_name, iter_cases
 from fuzz.minimizer import minimize
 from fuzz.pipeline import evaluate
@@ -33,19 +39,20 @@ def finding_signature(scenario: Scenario, split: str) -> str | None:
     return None if v.clean else v.primary.signature
 
 
-def known_signatures(dirs: list[Path], split: str) -> set[str]:
-    """Signatures already on file: recorded in a case's `finding` block, or obtained by
-    replaying regression/upstream cases under this split."""
-    known: set[str] = set()
-    for case in iter_cases([d for d in dirs if d.exists()], warn=lambda msg: None):
-        meta = case.extra.get("finding")
-        if isinstance(meta, dict) and meta.get("split") == split and isinstance(meta.get("signature"), str):
-            known.add(meta["signature"])
-            continue
-        if case.expected.get(split, "clean") != "clean":
-            sig = finding_signature(case.scenario, split)
-            if sig:
-                known.add(sig)
+class KnownSignatures(set):
+    """The known signatures, carrying the known bugs they came from (`bugs`), so a store built
+    from them attributes by fix instead of matching signatures."""
+
+    bugs: list[attribution.KnownBug]
+
+
+def known_signatures(dirs: list[Path], split: str) -> KnownSignatures:
+    """The signatures of the known bugs under `dirs` for fuzzing `split` (recorded in a case's
+    `finding` block, or obtained by replaying regression cases); `.bugs` holds the bugs."""
+    known = KnownSignatures()
+    known.bugs = attribution.known_bugs_for([d for d in dirs if d.exists()], split)
+    for bug in known.bugs:
+        known.update(bug.signatures)
     return known
 
 
@@ -87,15 +94,43 @@ class FindingStore:
     announce: bool = True
     filed: list[Filed] = field(default_factory=list)
     duplicates: int = 0
+    # Known bugs to attribute by fix; None takes `known.bugs` when `known` came from
+    # known_signatures(), and with neither the store falls back to signature matching.
+    known_bugs: list[attribution.KnownBug] | None = None
+    attributed: dict[str, int] = field(default_factory=dict)  # known bug -> instances seen
 
     def __post_init__(self) -> None:
         self.findings_dir = Path(self.findings_dir)
         self.findings_dir.mkdir(parents=True, exist_ok=True)
         sweep_stale_temporaries(self.findings_dir)
+        if self.known_bugs is None:
+            self.known_bugs = getattr(self.known, "bugs", None)
+        # Signatures filed as new, here or by an earlier run into the same directory.
+        self.new_signatures: set[str] = set()
         for case in iter_cases([self.findings_dir], warn=lambda msg: None):
             meta = case.extra.get("finding")
             if isinstance(meta, dict) and meta.get("split") == self.split and meta.get("signature"):
-                self.known.add(meta["signature"])
+                self.new_signatures.add(meta["signature"])
+
+    def is_duplicate(self, scenario: Scenario, signature: str) -> attribution.Attribution | None:
+        """None when the violation is new; else why it is not (a known bug's fix explains it, or
+        its signature was already filed as new)."""
+        if signature in self.new_signatures:
+            return attribution.Attribution((), None, "signature already filed as new")
+        if self.known_bugs is None:
+            if signature in self.known:
+                return attribution.Attribution((), None, "known signature (no known bugs to attribute by fix)")
+            return None
+        att = attribution.attribute(scenario, self.split, signature, self.known_bugs)
+        if not att.is_new:
+            for b in att.known:
+                self.attributed[b.name] = self.attributed.get(b.name, 0) + 1
+            return att
+        self._closest = att
+        return None
+
+    def _explained(self, scenario: Scenario, bugs: list[attribution.KnownBug]) -> bool:
+        return any(b.has_usable_fix and attribution.clean_under(scenario, self.split, (b,)) for b in bugs)
 
     def _fails_same(self, scenario: Scenario, signature: str) -> bool:
         try:
@@ -106,11 +141,16 @@ class FindingStore:
 
     def handle(self, scenario: Scenario, signature: str, message: str, origin: dict,
                raw: bytes | None = None) -> Filed | None:
-        """File a finding unless its signature is already known; returns what was written."""
-        if signature in self.known:
+        """File a finding unless it is a known bug or a signature already filed; returns what
+        was written."""
+        self._closest = None
+        if self.is_duplicate(scenario, signature) is not None:
             self.duplicates += 1
             return None
-        self.known.add(signature)
+        self.new_signatures.add(signature)
+        closest = self._closest
+        # A new bug that looks like a known one must not minimize into an instance of it.
+        lookalikes = [closest.closest] if closest is not None and closest.closest is not None else []
         name = slug(f"{self.split}-{signature}")
         if raw is not None:
             atomic_write(self.findings_dir / "raw" / f"{name}.{content_name(raw, '.bin')}", raw)
@@ -123,7 +163,8 @@ class FindingStore:
         if flaky:
             small, seconds = scenario, 0.0
         else:
-            result = minimize(scenario, lambda c: self._fails_same(c, signature), time_budget=self.minimize_budget)
+            result = minimize(scenario, lambda c: self._fails_same(c, signature) and not self._explained(c, lookalikes),
+                              time_budget=self.minimize_budget)
             small, seconds = result.scenario, time.monotonic() - t0
         path = self.findings_dir / (f"flaky-{name}.json" if flaky else f"{name}.json")
         meta = {
@@ -133,11 +174,15 @@ class FindingStore:
                           "seconds": round(seconds, 2), "from_size": list(scenario.size())},
             "repro": f"mambafuzz repro {path} --split {self.split}",
         }
+        if closest is not None:
+            meta["attribution"] = closest.to_json()
         atomic_write(path, case_json(small, finding=meta, note=f"found by {origin.get('engine', '?')}: {message}"))
         filed = Filed(signature, path, flaky, rate, seconds, small.size())
         self.filed.append(filed)
         if self.announce:
             tag = "FLAKY" if flaky else "FOUND"
+            like = (f"; NOT the known {closest.closest.name} ({closest.reason})"
+                    if closest is not None and closest.closest is not None else "")
             print(f"{tag} {signature} reproduced {rate} -> {path} (minimized to {small.size()[0]} requests, "
-                  f"{small.size()[2]} tokens in {seconds:.1f}s)", flush=True)
+                  f"{small.size()[2]} tokens in {seconds:.1f}s){like}", flush=True)
         return filed

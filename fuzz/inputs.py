@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from fuzz import generate
+from fuzz.corpus import COMPANION_SUFFIXES
 from fuzz.scenario import Scenario, ScenarioError, from_json, validate
 
 MAX_INPUT_BYTES = 1 << 20
@@ -88,7 +89,9 @@ def iter_input_files(dirs: list[Path], stats: dict | None = None, warn=None) -> 
             continue
         entries = sorted(d.rglob("*")) if d.is_dir() else [d]
         for p in entries:
-            if p.name.startswith(".") or "raw" in p.relative_to(d).parts[:-1]:
+            if p.name.startswith(".") or "raw" in p.relative_to(d).parts[:-1] or "__pycache__" in p.parts:
+                continue
+            if p.suffix in COMPANION_SUFFIXES:  # a finding's analysis or fix beside its cases, not an input
                 continue
             if p.is_symlink():
                 warn(f"{p}: skipped, a symlink")

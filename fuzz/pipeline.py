@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fuzz import harness, oracle, splits
+from fuzz import harness, oracle, patching, splits
 from fuzz.scenario import Scenario
 from fuzz.trace import Trace
 
@@ -18,14 +19,19 @@ class Evaluation:
 
 
 def evaluate(scenario: Scenario, split: str = "fixed", differential: bool = True,
-             efficiency: bool = True, strict_efficiency: bool = False) -> Evaluation:
+             efficiency: bool = True, strict_efficiency: bool = False,
+             patches: Sequence[patching.Patch] = ()) -> Evaluation:
     """Run `scenario` under `split` and judge it.  `differential` adds the prefix-caching-off
-    run; `efficiency` adds a run of the installed split as the reference (skipped for fixed)."""
+    run; `efficiency` adds a run of the installed split as the reference (skipped for fixed).
+    `patches` (candidate fixes) are applied to vLLM for the split's runs and restored after;
+    the reference runs the installed vLLM as it is."""
     fn = splits.resolve(split)
-    trace = harness.run(scenario, fn, split)
-    uncached = harness.run(scenario, fn, split, prefix_caching=False) if differential else None
+    label = f"{split}+{len(patches)} patch(es)" if patches else split
+    with patching.applied(patches):
+        trace = harness.run(scenario, fn, label)
+        uncached = harness.run(scenario, fn, label, prefix_caching=False) if differential else None
     reference = None
-    if efficiency and split != "fixed":
+    if efficiency and (split != "fixed" or patches):
         reference = harness.run(scenario, None, "fixed")
     verdict = oracle.judge(trace, uncached, reference, strict_efficiency=strict_efficiency)
     return Evaluation(verdict, trace, uncached, reference)

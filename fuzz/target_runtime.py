@@ -24,6 +24,9 @@ STATUS_EVERY = 3.0
 
 class Runtime:
     def __init__(self, config: WorkerConfig):
+        from fuzz.vllm_bridge import apply_worker_patches
+
+        apply_worker_patches(config.patches, config.known_fix_dirs)
         self.config = config
         self.split = config.split
         self.generator = config.generator

@@ -23,6 +23,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from fuzz import patching  # noqa: E402
 from fuzz.scenario import EngineConfig, knobs  # noqa: E402
 from fuzz.vllm_compat import features  # noqa: E402
 from fuzz.vllm_compat.api import (  # noqa: E402
@@ -230,8 +231,8 @@ class SchedulerSession:
             block_size=block_size,
             hash_block_size=hash_block_size,
         )
-        if split is not None:
-            setattr(self.scheduler, SPLIT_METHOD, types.MethodType(split, self.scheduler))
+        if split is not None:  # wrapped by any active fix of the split (fuzz.patching)
+            setattr(self.scheduler, SPLIT_METHOD, types.MethodType(patching.wrap_split(split), self.scheduler))
         self.hash_block_size = hash_block_size
         self.mamba_block_size = engine.mamba_block_size
         managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
@@ -357,6 +358,18 @@ def _apply_planted_bug() -> None:
         from fuzz import mutants
 
         mutants.apply_from_env()
+
+
+def apply_worker_patches(patch_specs: Sequence[str], known_fix_dirs: Sequence[str]) -> None:
+    """A fuzz worker's `--patch` specs and `--with-known-fixes` directories (its WorkerConfig),
+    applied for the rest of the process, after any planted bug."""
+    for spec in patch_specs:
+        for p in patching.load_patches(spec):
+            patching.apply_one(p)
+    if known_fix_dirs:
+        from fuzz.known_bugs import apply_known_fixes
+
+        apply_known_fixes([Path(d) for d in known_fix_dirs])
 
 
 _apply_planted_bug()

@@ -37,6 +37,8 @@ class WorkerConfig:
     stop_on_first: bool = False
     minimize_budget: float = 30.0
     known_dirs: list[str] = field(default_factory=list)
+    patches: list[str] = field(default_factory=list)  # --patch specs, applied to vLLM for every run
+    known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: these known bugs' fixes
     # the random generator's own loop (libFuzzer workers take these as libFuzzer flags instead)
     seed: int = 0
     max_time: float = 0.0

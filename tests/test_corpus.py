@@ -15,7 +15,7 @@ from fuzz.vllm_compat import VllmUnsupported
 ROOT = Path(__file__).resolve().parent.parent
 REGRESSION_DIR = Path(__import__("os").environ.get("MAMBAFUZZ_REGRESSIONS", ROOT / "corpus" / "regressions"))
 SEEDS = sorted((ROOT / "corpus" / "seeds").glob("*.json"))
-UPSTREAM = sorted((ROOT / "corpus" / "upstream").glob("*.json"))
+UPSTREAM = sorted((ROOT / "corpus" / "upstream").rglob("*.json"))  # corpus/upstream/<finding>/*.json
 REGRESSIONS = [(p, split) for p in sorted(REGRESSION_DIR.glob("*.json")) for split in load_case(p).expected]
 
 
@@ -52,5 +52,15 @@ def evaluate(scenario, split, **kwargs):
         pytest.skip(str(exc))
 
 
+@pytest.mark.parametrize("path", UPSTREAM, ids=[p.stem for p in UPSTREAM])
+def test_upstream_case_is_clean_under_its_candidate_fix(path):
+    from fuzz import patching
+
+    patches = patching.load_patches(str(path.parent / "fix.py"))
+    assert patching.check_applies(patches) is None
+    v = evaluate(load_case(path).scenario, "fixed", efficiency=False, patches=patches).verdict
+    assert v.clean, v.primary.message
+
+
 def test_corpus_is_not_empty():
-    assert SEEDS and REGRESSIONS
+    assert SEEDS and REGRESSIONS and UPSTREAM

@@ -20,7 +20,7 @@ from tests.conftest import first_chunk_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 REGRESSION = ROOT / "corpus" / "regressions" / "unaligned_resume_partial_hit.json"
-UPSTREAM = ROOT / "corpus" / "upstream" / "internal_checkpoint_poison_read_back.json"
+UPSTREAM = ROOT / "corpus" / "upstream" / "internal_checkpoint_midblock_resume" / "internal_checkpoint_poison_read_back.json"
 
 
 class FakeEngine:

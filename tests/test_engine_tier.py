@@ -188,7 +188,7 @@ def test_audit_counts_what_the_harness_oracle_counts(audit):
     from fuzz import corpus, harness, splits
 
     root = Path(__file__).resolve().parent.parent / "corpus"
-    cases = sorted(str(p) for d in ("seeds", "regressions", "upstream") for p in (root / d).glob("*.json"))
+    cases = sorted(str(p) for d in ("seeds", "regressions", "upstream") for p in (root / d).rglob("*.json"))
     total = 0
     for path in cases:
         s = corpus.load_case(path).scenario
@@ -339,7 +339,7 @@ def test_engine_crash_is_reported(engine_cache):
     assert confirm(POISON, "fixed")["status"] == "agreed"  # a fresh engine replaced the crashed one
 
 
-SPEC_PAD = Path(__file__).resolve().parent.parent / "corpus" / "upstream" / "spec_pad_clipped_by_long_prefill_threshold.json"
+SPEC_PAD = Path(__file__).resolve().parent.parent / "corpus" / "upstream" / "spec_pad_clipped_by_long_prefill_threshold" / "spec_pad_clipped_by_long_prefill_threshold.json"
 
 
 @pytest.mark.engine

@@ -1,0 +1,14 @@
+"""What a candidate fix costs (see fuzz/fix_cost.py):
+
+    python bench/fix_cost.py corpus/upstream/NAME/fix.py [--random N] [--seed S]
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fuzz.fix_cost import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

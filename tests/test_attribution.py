@@ -1,0 +1,101 @@
+"""Bug identity: a finding is a known bug only when that bug's fix explains it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from fuzz import attribution, corpus, patching
+from fuzz.finding_store import FindingStore, known_signatures
+from fuzz.pipeline import evaluate
+
+ROOT = Path(__file__).resolve().parent.parent
+UPSTREAM = ROOT / "corpus" / "upstream"
+KNOWN = [ROOT / "corpus" / "regressions", UPSTREAM]
+MIDBLOCK = UPSTREAM / "internal_checkpoint_midblock_resume"
+PLANTED = "fuzz.mutants:realign_one_block_late_split"
+
+
+def collision_scenario():
+    """A checkpoint engine, a resume at 112 from connector tokens, and a prompt long enough
+    that the first chunk is not final: vLLM grants no checkpoint exemption, so its split stops
+    at 256 and the run is clean; the planted split stops one block late and poisons slot 0."""
+    case = corpus.load_case(MIDBLOCK / "internal_checkpoint_midblock_resume_connector.json")
+    req = dataclasses.replace(case.scenario.requests[0], unique_len=2000)
+    return dataclasses.replace(case.scenario, requests=[req])
+
+
+def test_planted_split_bug_with_a_known_signature_is_new(tmp_path):
+    scenario = collision_scenario()
+    assert evaluate(scenario, "fixed", efficiency=False).verdict.clean
+    v = evaluate(scenario, PLANTED, efficiency=False).verdict
+    known = known_signatures(KNOWN, PLANTED)
+    sig = v.primary.signature
+    assert sig in {s for b in known.bugs for s in b.signatures}, "the test needs a colliding signature"
+    store = FindingStore(tmp_path / "findings", PLANTED, known=known, minimize_budget=5, announce=False)
+    filed = store.handle(scenario, sig, v.primary.message, {"engine": "test"})
+    assert filed is not None and store.duplicates == 0
+    meta = corpus.load_case(filed.path).extra["finding"]
+    assert meta["attribution"]["closest"] == MIDBLOCK.name and meta["attribution"]["new"]
+
+
+def test_signature_only_store_would_have_hidden_it(tmp_path):
+    """The old behaviour, kept for callers that pass plain signatures: a duplicate."""
+    scenario = collision_scenario()
+    v = evaluate(scenario, PLANTED, efficiency=False).verdict
+    store = FindingStore(tmp_path / "f", PLANTED, known={v.primary.signature}, announce=False)
+    assert store.handle(scenario, v.primary.signature, "", {}) is None and store.duplicates == 1
+
+
+@pytest.mark.parametrize("path", sorted(UPSTREAM.rglob("*.json")), ids=lambda p: p.name)
+def test_upstream_case_is_attributed_to_its_own_bug(path):
+    case = corpus.load_case(path)
+    bugs = attribution.known_bugs_for(KNOWN, "fixed")
+    v = evaluate(case.scenario, "fixed", efficiency=False).verdict
+    att = attribution.attribute(case.scenario, "fixed", v.primary.signature, bugs)
+    assert [b.name for b in att.known][:1] == [path.parent.name], att.reason
+
+
+def test_known_bug_in_store_is_a_duplicate(tmp_path):
+    case = corpus.load_case(MIDBLOCK / "internal_checkpoint_poison_read_back.json")
+    v = evaluate(case.scenario, "fixed", efficiency=False).verdict
+    store = FindingStore(tmp_path / "f", "fixed", known=known_signatures(KNOWN, "fixed"), announce=False)
+    assert store.handle(case.scenario, v.primary.signature, "", {}) is None
+    assert store.attributed == {MIDBLOCK.name: 1}
+
+
+def test_fix_that_no_longer_applies_is_named_and_falls_back_to_its_cases(tmp_path):
+    bug = attribution.load_known_bugs([UPSTREAM], "fixed")[0]
+    broken = dataclasses.replace(bug, patches=[patching.Rewrite(bug.patches[0].target, (("no such line", "x"),))]
+                                 if isinstance(bug.patches[0], patching.Rewrite) else
+                                 [patching.Wrap("vllm.v1.core.sched.scheduler:Scheduler.no_such_method", lambda f: f)])
+    broken.fix_error = patching.check_applies(broken.patches)
+    assert broken.fix_error and ("not found" in broken.fix_error or "occurs 0 times" in broken.fix_error)
+    case = bug.cases[0]
+    sig = evaluate(case.scenario, "fixed", efficiency=False).verdict.primary.signature
+    att = attribution.attribute(case.scenario, "fixed", sig, [broken])
+    assert not att.is_new and "no longer applies" in att.reason
+
+
+def test_regression_is_explained_by_the_installed_split():
+    path = next((ROOT / "corpus" / "regressions").glob("*.json"))
+    case = corpus.load_case(path)
+    split = next(s for s, k in case.expected.items() if k != "clean")
+    v = evaluate(case.scenario, split, efficiency=False).verdict
+    att = attribution.attribute(case.scenario, split, v.primary.signature, attribution.known_bugs_for(KNOWN, split))
+    assert not att.is_new, att.reason
+
+
+def test_patches_are_restored():
+    bugs = attribution.load_known_bugs([UPSTREAM], "fixed")
+    targets = {p.target: patching._resolve(p.target) for b in bugs for p in b.patches}
+    before = {t: vars(owner).get(attr) for t, (owner, attr) in targets.items()}
+    for bug in bugs:
+        with patching.applied(bug.patches):
+            for p in bug.patches:
+                owner, attr = targets[p.target]
+                assert vars(owner).get(attr) is not before[p.target]
+    assert {t: vars(owner).get(attr) for t, (owner, attr) in targets.items()} == before
+    assert not patching._split_wraps

@@ -1,0 +1,32 @@
+"""Planted bugs are reversible, each applies to the installed vLLM, and a kill is confirmed only
+by a scenario that fails with the mutant and is clean without it."""
+
+from pathlib import Path
+
+import pytest
+
+from fuzz import corpus, mutants, patching
+
+ROOT = Path(__file__).resolve().parent.parent
+SEEDS = ROOT / "corpus" / "seeds"
+
+
+@pytest.mark.parametrize("name", sorted(mutants.MUTANTS))
+def test_mutant_applies_and_is_restored(name):
+    assert patching.check_applies(mutants.patches(name)) is None
+
+
+def test_kill_needs_the_mutant_and_a_clean_baseline():
+    case = corpus.load_case(SEEDS / "preemption_small_pool_mtp.json")
+    ok, why = mutants.confirms_kill(case.scenario, "fixed", "admission_estimate_one_short")
+    assert ok, why
+    ok, why = mutants.confirms_kill(case.scenario, "fixed", "admission_estimate_one_short", signature="stall:x")
+    assert not ok and "not stall:x" in why
+    upstream = corpus.load_case(next((ROOT / "corpus" / "upstream").rglob("*poison_read_back.json")))
+    ok, why = mutants.confirms_kill(upstream.scenario, "fixed", "admission_estimate_one_short")
+    assert not ok and "without the mutant too" in why
+
+
+def test_enough_mutants_outside_the_split():
+    outside = [n for n in mutants.MUTANTS if not n.startswith(("split_", "manager_"))]
+    assert len(outside) >= 8
