@@ -89,10 +89,12 @@ def campaign(env: VllmEnv, seconds: float, out: Path) -> str:
     except subprocess.TimeoutExpired:
         return "cannot run: campaign did not stop"
     found = re.findall(r"^(?:FOUND|FLAKY) (\S+)", proc.stdout, re.M)
+    execs = re.search(r"^summary: (\d+) executions", proc.stdout, re.M)
     if proc.returncode not in (0, 1):
         tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         return f"cannot run: {tail.removeprefix('mambafuzz: ')}"
-    return ", ".join(f"`{s}`" for s in found) if found else "nothing new"
+    ran = f"{execs.group(1)} execs" if execs else "? execs"
+    return f"{ran}: " + (", ".join(f"`{s}`" for s in found) if found else "nothing new")
 
 
 def version_of(env: VllmEnv) -> str:

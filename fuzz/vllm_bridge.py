@@ -1,6 +1,8 @@
-"""The one module that touches vLLM's internals: config building, scheduler construction,
+"""The one module that drives vLLM's internals: config building, scheduler construction,
 request creation, output feeding, and read-only views of the mamba block tables and the
-prefix cache.  A vLLM upgrade starts here.
+prefix cache.  Its vLLM names come from `fuzz.vllm_compat` (where each release keeps them);
+config knobs a release lacks are dropped when left off, and refuse the input otherwise.
+A vLLM upgrade starts in fuzz/vllm_compat/symbols.py, then here.
 
 Everything else in the project talks to `SchedulerSession`, never to vLLM objects.
 """

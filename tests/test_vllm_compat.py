@@ -119,6 +119,10 @@ def test_check_all_lists_only_the_optional_names_a_vllm_lacks():
         if p.attr is not None and name not in OPTIONAL:
             everything[p.module][p.attr] = object()
     assert sorted(check_all(_fake_importer(everything))) == sorted(OPTIONAL)
+    del everything["vllm.v1.engine.llm_engine"]["LLMEngine"]
+    assert sorted(check_all(_fake_importer(everything))) == sorted(OPTIONAL)  # the harness runs without it
+    with pytest.raises(VllmUnsupported, match="lacks LLMEngine"):
+        check_all(_fake_importer(everything), engine_tier=True)
 
 
 def test_every_place_names_a_vllm_module():
