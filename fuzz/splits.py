@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from fuzz.vllm_compat import VllmUnsupported
 from fuzz.vllm_compat.api import get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid
-from fuzz.vllm_compat.resolve import Missing
+from fuzz.vllm_compat.resolve import Missing, describe_vllm
 
 SplitFn = Callable[..., int]
 
@@ -29,9 +29,26 @@ class SplitError(ValueError):
     pass
 
 
+# What the restatement reads: the split as vLLM 0.32 has it. A release whose scheduler lacks one
+# has a different split, so the restatement (and prefix/realign) would not be a gate flip of it.
+SCHEDULER_ATTRS = ("use_eagle_block_drop", "hash_block_size", "mamba_partial_cache_hit",
+                   "mamba_has_prefill_checkpoint_blocks", "mamba_prefill_checkpoint_alignment",
+                   "mamba_shared_prefix_checkpoint", "max_num_scheduled_tokens")
+
+
+def _require_restatable(sched, request) -> None:
+    missing = [a for a in SCHEDULER_ATTRS if not hasattr(sched, a)]
+    if not hasattr(request, "shared_prefix_boundary"):
+        missing.append("Request.shared_prefix_boundary")
+    if missing:
+        raise VllmUnsupported(f"the restated split (prefix, realign) needs vLLM's Scheduler.{', '.join(missing)}, "
+                              f"which {describe_vllm(with_path=False)} lacks: its split is not the one restated here")
+
+
 def gated_split(sched, request, num_new_tokens: int, local: int, external: int, *,
                 align_only_below_cache_position: bool, realign_only_below_cache_position: bool) -> int:
     """Our own statement of the align-mode split rules, with the two pre-fix gates as flags."""
+    _require_restatable(sched, request)
     block = sched.cache_config.block_size
     start = request.num_computed_tokens + local + external
     prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)

@@ -82,17 +82,19 @@ def replay(env: VllmEnv, files: list[str], split: str, timeout: float = REPLAY_T
 def campaign(env: VllmEnv, seconds: float, out: Path) -> str:
     """A short random-engine campaign on `--split fixed`; what it filed, as one cell."""
     out.mkdir(parents=True, exist_ok=True)
-    args = ["fuzz", "--engine", "random", "--max-time", str(seconds), "--split", "fixed", "--quiet",
+    args = ["fuzz", "--generator", "random", "--max-time", str(seconds), "--split", "fixed", "--quiet",
             "--corpus", str(out / "corpus"), "--findings", str(out / "findings")]
     try:
         proc = env.run_cli(args, seconds * 4 + 600)
     except subprocess.TimeoutExpired:
         return "cannot run: campaign did not stop"
     found = re.findall(r"^(?:FOUND|FLAKY) (\S+)", proc.stdout, re.M)
+    execs = re.search(r"^summary: (\d+) executions", proc.stdout, re.M)
     if proc.returncode not in (0, 1):
         tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         return f"cannot run: {tail.removeprefix('mambafuzz: ')}"
-    return ", ".join(f"`{s}`" for s in found) if found else "nothing new"
+    ran = f"{execs.group(1)} execs" if execs else "? execs"
+    return f"{ran}: " + (", ".join(f"`{s}`" for s in found) if found else "nothing new")
 
 
 def version_of(env: VllmEnv) -> str:
@@ -104,57 +106,94 @@ def version_of(env: VllmEnv) -> str:
     return m.group(1) if m else "?"
 
 
-def render(envs: list[tuple[VllmEnv, str]], rows: list[tuple[str, str]], cells: dict[str, dict[str, Cell]],
-           campaigns: dict[str, str], seconds: float) -> str:
+def _generic(reason: str) -> str:
+    """A reason without the version and path in it, so one footnote serves every version."""
+    return re.sub(r"vLLM \d[\w.+-]*", "this vLLM", re.sub(r"vLLM \S+ at \S+", "this vLLM", reason)).strip()
+
+
+def render(data: dict) -> str:
+    """The markdown table of a matrix.json (one run, or several merged)."""
     notes: list[str] = []
-    head = ["case [split]"] + [f"{env.name} ({version})" if env.name != version else version for env, version in envs]
+    envs = data["envs"]
+    head = ["case [split]"] + [e["label"] if e["label"] == e["version"] else f"{e['label']} ({e['version']})"
+                               for e in envs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for path, split in rows:
-        name = Path(path).stem
-        lines.append("| " + " | ".join([f"{Path(path).parent.name}/{name} [{split}]"] + [
-            cells[env.name][f"{path}|{split}"].text(notes) for env, _ in envs]) + " |")
-    lines.append("| " + " | ".join([f"random campaign, {seconds:g} s, fixed"] + [
-        campaigns.get(env.name, "not run") for env, _ in envs]) + " |")
+    for path, split in data["rows"]:
+        row = [f"{Path(path).parent.name}/{Path(path).stem} [{split}]"]
+        for e in envs:
+            raw = data["cells"][e["label"]].get(f"{path}|{split}")
+            if raw is None:
+                row.append("not run")
+                continue
+            cell = Cell(**raw)
+            cell.reason = _generic(cell.reason)
+            row.append(cell.text(notes))
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("| " + " | ".join([f"random campaign, {data['campaign_seconds']:g} s, fixed"] + [
+        data["campaigns"].get(e["label"], "not run") for e in envs]) + " |")
     lines.append("")
-    lines.extend(f"[{i}] {n}" for i, n in enumerate(notes, 1))
+    lines.extend(f"[{i}] {n}  " for i, n in enumerate(notes, 1))
     return "\n".join(lines) + "\n"
+
+
+def merge(files: list[Path]) -> dict:
+    """Several matrix.json files (e.g. one per CI job, one version each) as one."""
+    out: dict = {"campaign_seconds": 0, "rows": [], "envs": [], "cells": {}, "campaigns": {}}
+    for f in files:
+        data = json.loads(f.read_text())
+        out["campaign_seconds"] = max(out["campaign_seconds"], data["campaign_seconds"])
+        out["rows"] += [r for r in data["rows"] if r not in out["rows"]]
+        for e in data["envs"]:
+            if e["label"] not in out["cells"]:
+                out["envs"].append(e)
+                out["cells"][e["label"]] = data["cells"][e["label"]]
+                if e["label"] in data["campaigns"]:
+                    out["campaigns"][e["label"]] = data["campaigns"][e["label"]]
+    return out
+
+
+def run_matrix(envs: list[VllmEnv], campaign_seconds: float, out: Path, wanted: list[str]) -> dict:
+    rows = _rows(PROJECT_ROOT)
+    by_split: dict[str, list[str]] = {}
+    for path, split in rows:
+        by_split.setdefault(split, []).append(path)
+    data: dict = {"campaign_seconds": campaign_seconds, "rows": [list(r) for r in rows], "envs": [], "cells": {},
+                  "campaigns": {}}
+    for env in envs:
+        version = version_of(env)
+        label = version if env.name == "current" else env.name
+        if wanted and not any(label.startswith(w) for w in wanted):
+            continue
+        data["envs"].append({"label": label, "version": version, "python": env.python, "overlay": env.overlay})
+        print(f"matrix: {label} (vLLM {version}, {env.python}{', overlay ' + env.overlay if env.overlay else ''})",
+              file=sys.stderr, flush=True)
+        cells = data["cells"][label] = {}
+        for split, files in by_split.items():
+            for f, cell in replay(env, files, split).items():
+                cells[f"{f}|{split}"] = asdict(cell)
+        if campaign_seconds > 0:
+            data["campaigns"][label] = campaign(env, campaign_seconds, out / "matrix" / label)
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ci/matrix", description=__doc__)
     p.add_argument("versions", nargs="*", metavar="VERSION",
                    help="environment labels to include (prefix match: 0.29 takes 0.29.0); default all")
-    p.add_argument("--campaign-seconds", type=float, default=30.0)
-    p.add_argument("--out", default="reports", metavar="DIR")
+    p.add_argument("--campaign-seconds", type=float, default=30.0, metavar="SECONDS",
+                   help="length of the random campaign on each version (0: none; default 30)")
+    p.add_argument("--out", default="reports", metavar="DIR", help="where matrix.md and matrix.json go")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="render these matrix.json files as one table instead")
     args = p.parse_args(argv)
-    root = PROJECT_ROOT
-    envs = [e for e in discover() if not args.versions or any(e.name.startswith(v) for v in args.versions)]
-    rows = _rows(root)
-    by_split: dict[str, list[str]] = {}
-    for path, split in rows:
-        by_split.setdefault(split, []).append(path)
     out = Path(args.out)
-    cells: dict[str, dict[str, Cell]] = {}
-    campaigns: dict[str, str] = {}
-    labelled = []
-    for env in envs:
-        version = version_of(env)
-        labelled.append((env, version))
-        print(f"matrix: {env.name} (vLLM {version}, {env.python}{', overlay ' + env.overlay if env.overlay else ''})",
-              file=sys.stderr, flush=True)
-        cells[env.name] = {}
-        for split, files in by_split.items():
-            for f, cell in replay(env, files, split).items():
-                cells[env.name][f"{f}|{split}"] = cell
-        if args.campaign_seconds > 0:
-            campaigns[env.name] = campaign(env, args.campaign_seconds, out / "matrix" / env.name)
-    table = render(labelled, rows, cells, campaigns, args.campaign_seconds)
+    if args.merge:
+        data = merge([Path(f) for f in args.merge])
+    else:
+        data = run_matrix(discover(), args.campaign_seconds, out, args.versions)
+    table = render(data)
     out.mkdir(parents=True, exist_ok=True)
     (out / "matrix.md").write_text(table)
-    (out / "matrix.json").write_text(json.dumps({
-        "versions": {e.name: v for e, v in labelled},
-        "cells": {e: {k: asdict(c) for k, c in cs.items()} for e, cs in cells.items()},
-        "campaigns": campaigns}, indent=1) + "\n")
+    (out / "matrix.json").write_text(json.dumps(data, indent=1) + "\n")
     print(table)
     return 0
 

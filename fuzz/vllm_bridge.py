@@ -1,6 +1,8 @@
-"""The one module that touches vLLM's internals: config building, scheduler construction,
+"""The one module that drives vLLM's internals: config building, scheduler construction,
 request creation, output feeding, and read-only views of the mamba block tables and the
-prefix cache.  A vLLM upgrade starts here.
+prefix cache.  Its vLLM names come from `fuzz.vllm_compat` (where each release keeps them);
+config knobs a release lacks are dropped when left off, and refuse the input otherwise.
+A vLLM upgrade starts in fuzz/vllm_compat/symbols.py, then here.
 
 Everything else in the project talks to `SchedulerSession`, never to vLLM objects.
 """
@@ -219,7 +221,10 @@ class SchedulerSession:
     def __init__(self, engine: EngineConfig, num_blocks: int, max_model_len: int, split: SplitFn | None):
         vc = _checked_config(engine, max_model_len)
         vc.cache_config.num_gpu_blocks = num_blocks
-        kv_cache_config = kv_cache_config_for(engine, num_blocks)
+        try:
+            kv_cache_config = kv_cache_config_for(engine, num_blocks)
+        except features.FeatureAbsent as exc:
+            raise ConfigRejected(f"cannot run: {exc}") from None
         try:  # the engine core resolves both sizes this way before building its scheduler
             block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vc)
         except ValueError as exc:

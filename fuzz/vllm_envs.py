@@ -23,11 +23,14 @@ class VllmEnv:
     python: str
     overlay: str | None = None  # a directory to put first on PYTHONPATH (a vLLM source-tree overlay)
     extra_env: dict[str, str] = field(default_factory=dict, hash=False)
+    inherit_path: bool = False  # keep this process's PYTHONPATH (the current env: an overlay sourced from env.sh)
 
     def environ(self) -> dict[str, str]:
-        """The environment a command runs with: the checkout importable, the overlay first."""
+        """The environment a command runs with: the overlay first, the checkout importable; another
+        environment's vLLM must not be shadowed by an overlay this process was started with."""
         env = dict(os.environ)
-        paths = ([self.overlay] if self.overlay else []) + [str(PROJECT_ROOT)]
+        inherited = env.get("PYTHONPATH", "").split(os.pathsep) if self.inherit_path else []
+        paths = ([self.overlay] if self.overlay else []) + [p for p in inherited if p] + [str(PROJECT_ROOT)]
         env["PYTHONPATH"] = os.pathsep.join(paths)
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.update(self.extra_env)
@@ -57,7 +60,7 @@ def _as_env(path: Path) -> VllmEnv | None:
 
 def discover(extra: str | None = None, root: Path = PROJECT_ROOT) -> list[VllmEnv]:
     """The current environment first, then the others, each once (by resolved path)."""
-    envs = [VllmEnv("current", sys.executable)]
+    envs = [VllmEnv("current", sys.executable, inherit_path=True)]
     candidates = sorted(root.glob(".venv-vllm-*")) + sorted(root.glob(".vllm-pr*"))
     for entry in filter(None, (os.environ.get(ENVS_VAR, "") if extra is None else extra).split(os.pathsep)):
         p = Path(entry)

@@ -44,13 +44,13 @@ def _installed() -> str:
 
 
 def for_installed(expected: Mapping[str, str], by_vllm: Mapping[str, Mapping[str, str]] | None,
-                  installed: Callable[[], str] = _installed) -> dict[str, str]:
+                  installed: Callable[[], str] | None = None) -> dict[str, str]:
     """`expected` with the overrides of every key matching the installed vLLM (longer keys last,
     so "0.28.0" beats "0.28")."""
     out = dict(expected)
     if not by_vllm:
         return out
-    version = installed()
+    version = (installed or _installed)()
     for key in sorted(by_vllm, key=lambda k: len(release(k))):
         if matches(key, version):
             out.update(by_vllm[key])

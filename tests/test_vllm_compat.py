@@ -119,6 +119,10 @@ def test_check_all_lists_only_the_optional_names_a_vllm_lacks():
         if p.attr is not None and name not in OPTIONAL:
             everything[p.module][p.attr] = object()
     assert sorted(check_all(_fake_importer(everything))) == sorted(OPTIONAL)
+    del everything["vllm.v1.engine.llm_engine"]["LLMEngine"]
+    assert sorted(check_all(_fake_importer(everything))) == sorted(OPTIONAL)  # the harness runs without it
+    with pytest.raises(VllmUnsupported, match="lacks LLMEngine"):
+        check_all(_fake_importer(everything), engine_tier=True)
 
 
 def test_every_place_names_a_vllm_module():
@@ -195,3 +199,42 @@ def test_version_names_both_and_the_vllm_path(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("mambafuzz ") and f"vLLM 0.0.fake at {tmp_path / 'vllm'}" in proc.stdout
+
+
+# ---- detection on other installed releases (each in its own interpreter) ------------------------
+
+_PROBE = """
+import dataclasses, importlib, json
+import vllm
+import fuzz.vllm_bridge as vb
+kvi = importlib.import_module("vllm.v1.kv_cache_interface")
+fields = {f.name for f in dataclasses.fields(kvi.MambaSpec)}
+print(json.dumps({"version": vllm.__version__, "file": vllm.__file__, "detected": vb.PREFILL_CHECKPOINTS,
+                  "has_function": hasattr(kvi, "get_mamba_prefill_checkpoint_position"),
+                  "has_alignment": "prefill_checkpoint_alignment" in fields}))
+"""
+
+
+def _other_envs():
+    from fuzz.vllm_envs import discover
+
+    others = [e for e in discover() if e.name != "current"]
+    if not others:
+        return [pytest.param(None, marks=pytest.mark.skip(
+            reason="no other vLLM environment: run `ci/setup.sh --vllm 0.29.0` or set MAMBAFUZZ_VLLM_ENVS"))]
+    return [pytest.param(e, id=e.name) for e in others]
+
+
+@pytest.mark.parametrize("env", _other_envs())
+def test_detection_and_a_replay_on_another_release(env):
+    proc = subprocess.run([env.python, "-c", _PROBE], env=env.environ(), cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import json
+
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["detected"] == (got["has_function"] and got["has_alignment"]), got
+    case = ROOT / "corpus" / "regressions" / "first_chunk_fragmented.json"
+    run = env.run_cli(["repro", "--json", str(case)], 600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1])["verdict"] == "clean"

@@ -9,7 +9,7 @@ from types import ModuleType
 from typing import Any
 
 from fuzz.vllm_compat import VllmUnsupported
-from fuzz.vllm_compat.symbols import OPTIONAL, SYMBOLS, Place
+from fuzz.vllm_compat.symbols import ENGINE_TIER, OPTIONAL, SYMBOLS, Place
 
 Importer = Callable[[str], ModuleType]
 
@@ -83,6 +83,8 @@ def resolve(name: str, importer: Importer = importlib.import_module) -> Any:
     raise VllmUnsupported(why)
 
 
-def check_all(importer: Importer = importlib.import_module) -> list[str]:
-    """Every required name resolved now; returns the optional names this vLLM lacks."""
-    return [n for n in SYMBOLS if isinstance(resolve(n, importer), Missing)]
+def check_all(importer: Importer = importlib.import_module, *, engine_tier: bool = False) -> list[str]:
+    """Every required name of the scheduler harness (and of the engine tier, if asked) resolved now,
+    so an unsupported vLLM fails before any work starts; returns the optional names it lacks."""
+    names = [n for n in SYMBOLS if engine_tier or n not in ENGINE_TIER]
+    return [n for n in names if isinstance(resolve(n, importer), Missing)]

@@ -70,3 +70,5 @@ SYMBOLS: dict[str, tuple[Place, ...]] = {
 # are refused (see features.py). Before 0.30 the prefill-checkpoint rule lived inside
 # MambaManager, with no function the kernel model can follow.
 OPTIONAL = frozenset({"get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid"})
+# Only the engine tier (a real LLMEngine) needs these; the scheduler harness runs without them.
+ENGINE_TIER = frozenset({"EngineArgs", "LLMEngine", "MambaStateShapeCalculator"})
