@@ -24,6 +24,7 @@ FORMAT_VERSION = 1
 VOCAB_SIZE = 1024
 
 SPEC_METHODS = ("none", "mtp")
+RUNNERS = ("v1", "v2")  # vLLM's GPU model runners (fuzz/runners.py)
 
 # Hard ceilings that keep one scenario cheap; the decoder and validation share them.
 MAX_REQUESTS = 16
@@ -59,6 +60,7 @@ class EngineConfig:
     enable_mamba_shared_prefix_checkpoint: bool = False
     prefix_cache_retention_interval: int | None = 0
     enable_prefix_caching: bool = True
+    runner: str | None = None  # "v1" | "v2"; None: what vLLM picks on a CUDA host (vllm_bridge.default_runner)
 
     @property
     def hash_block_size(self) -> int:
@@ -68,6 +70,12 @@ class EngineConfig:
     @property
     def uses_spec_decode(self) -> bool:
         return self.spec_method != "none" and self.num_speculative_tokens > 0
+
+    @property
+    def mixer(self) -> str:
+        """The mixer family the config stands for: only Mamba2-style mixers declare internal
+        prefill checkpoints (`MambaMixer2.get_kv_cache_spec`); GDN declares none."""
+        return "mamba2" if self.num_prefill_checkpoint_blocks else "gdn"
 
 
 @dataclass
@@ -261,6 +269,8 @@ def validate(s: Scenario) -> list[str]:
     for name in ("enable_mamba_shared_prefix_checkpoint", "enable_prefix_caching"):
         if not isinstance(getattr(e, name), bool):
             p.append(f"engine.{name} must be true or false")
+    if e.runner not in (None, *RUNNERS):
+        p.append(f"engine.runner must be null or one of {', '.join(RUNNERS)}, got {e.runner!r}")
     if e.spec_method not in SPEC_METHODS:
         p.append(f"engine.spec_method must be one of {', '.join(SPEC_METHODS)}, got {e.spec_method!r}")
     if p:
@@ -360,6 +370,15 @@ def blocks_for_request(e: EngineConfig, num_tokens: int) -> int:
 def min_pool_blocks(s: Scenario) -> int:
     longest = max((s.prompt_len(i) + r.max_tokens for i, r in enumerate(s.requests)), default=1)
     return blocks_for_request(s.engine, longest + s.engine.num_speculative_tokens + 1)
+
+
+def with_runner(s: Scenario, runner: str | None) -> Scenario:
+    """`s` under another model runner (None: keep the scenario's own)."""
+    if runner is None or runner == s.engine.runner:
+        return s
+    if runner not in RUNNERS:
+        raise ScenarioError([f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}"])
+    return dataclasses.replace(s, engine=dataclasses.replace(s.engine, runner=runner))
 
 
 def ample_pool_blocks(s: Scenario) -> int:

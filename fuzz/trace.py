@@ -97,6 +97,8 @@ class Trace:
     crash: Crash | None = None
     # the engine facts the oracle's signatures need
     mamba_block_size: int = 0
+    runner: str = ""  # the vLLM model runner the kernel model mirrored ("v1" | "v2")
+    mixer: str = ""  # the mixer family ("gdn" | "mamba2")
     internal_checkpoints: bool = False  # the mamba spec exports internal prefill checkpoints
     # efficiency counters, for the differential against a reference split
     forward_steps: int = 0

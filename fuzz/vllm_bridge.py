@@ -143,6 +143,15 @@ def vllm_config_for(e: EngineConfig, max_model_len: int) -> VllmConfig:
     return vc
 
 
+def default_runner(vc: VllmConfig) -> str:
+    """The model runner vLLM 0.32 runs this config with on a CUDA host: `VllmConfig.
+    use_v2_model_runner` picks V2 unless `_get_v2_model_runner_unsupported_features` names
+    something (MTP is not named). Mirrored, because the property itself answers V1 on this
+    CPU build for a reason a CUDA host does not have (no Triton); VLLM_USE_V2_MODEL_RUNNER is
+    not consulted: a scenario that wants V1 says `runner: "v1"`."""
+    return "v1" if vc._get_v2_model_runner_unsupported_features() else "v2"
+
+
 def _checked_config(e: EngineConfig, max_model_len: int) -> VllmConfig:
     try:
         return vllm_config_for(e, max_model_len)
@@ -179,14 +188,19 @@ def _kv_cache_groups(attn_block: int, mamba_block: int, caching: bool, spec_bloc
     return tuple(_get_kv_cache_groups_uniform_page_size({ATTN_LAYER: attn, **dict.fromkeys(MAMBA_LAYERS, mamba)}))
 
 
-def kv_cache_config_for(e: EngineConfig, num_blocks: int) -> KVCacheConfig:
-    groups = list(_kv_cache_groups(e.attn_block_size, e.mamba_block_size, e.enable_prefix_caching,
+def kv_cache_config_for(e: EngineConfig, num_blocks: int, max_model_len: int) -> KVCacheConfig:
+    # With prefix caching off a real engine sets the mamba block to max_model_len
+    # (model_executor/models/config.py, HybridAttentionMambaModelConfig): one running state per
+    # request plus its speculative blocks, never a table that grows per block.
+    mamba_block = e.mamba_block_size if e.enable_prefix_caching else max_model_len
+    groups = list(_kv_cache_groups(e.attn_block_size, mamba_block, e.enable_prefix_caching,
                                    e.num_speculative_tokens if e.uses_spec_decode else 0,
                                    e.num_prefill_checkpoint_blocks, e.prefill_checkpoint_alignment))
     # vLLM's KV-cache utilities copy the retention interval from CacheConfig into KVCacheConfig, and the
     # coordinator reads it only from there: without it every run would use dense retention.
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
-                         prefix_cache_retention_interval=e.prefix_cache_retention_interval)
+                         prefix_cache_retention_interval=e.prefix_cache_retention_interval
+                         if e.enable_prefix_caching else 0)
 
 
 @dataclass(frozen=True)
@@ -205,7 +219,7 @@ class SchedulerSession:
     def __init__(self, engine: EngineConfig, num_blocks: int, max_model_len: int, split: SplitFn | None):
         vc = _checked_config(engine, max_model_len)
         vc.cache_config.num_gpu_blocks = num_blocks
-        kv_cache_config = kv_cache_config_for(engine, num_blocks)
+        kv_cache_config = kv_cache_config_for(engine, num_blocks, max_model_len)
         try:  # the engine core resolves both sizes this way before building its scheduler
             block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vc)
         except ValueError as exc:
@@ -219,6 +233,10 @@ class SchedulerSession:
         )
         if split is not None:
             setattr(self.scheduler, SPLIT_METHOD, types.MethodType(split, self.scheduler))
+        self.runner = engine.runner or default_runner(vc)
+        # The scheduler reads the flag at start-up; it changes only how SchedulerOutput hands
+        # resumed requests to the worker (as new requests under V2), not what is scheduled.
+        self.scheduler.use_v2_model_runner = self.runner == "v2"
         self.hash_block_size = hash_block_size
         self.mamba_block_size = engine.mamba_block_size
         managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
