@@ -16,7 +16,8 @@ from typing import Any
 from fuzz.scenario import Scenario, ScenarioError, from_json
 
 MAX_FILE_BYTES = 1 << 20
-KNOWN_KINDS = ("clean", "slot_hash", "resume_state", "stale_read", "output_divergence", "stall", "vllm_crash")
+KNOWN_KINDS = ("clean", "slot_hash", "resume_state", "stale_read", "uninit_read", "nocache_stale_read",
+               "output_divergence", "stall", "vllm_crash")
 
 
 # The engine tier's verdicts per split, for cases without a `finding` block (findings keep

@@ -218,6 +218,8 @@ class _Runner:
             rec.preempted = sorted(preempted)
             self.unadmitted.update(preempted)
         self.model.zero_blocks(session.blocks_to_zero(out))
+        if session.fresh_blocks:  # first use of a pool block: still the zeros the cache was allocated with
+            self.model.zero_blocks(session.take_fresh_mamba_blocks())
         for src, dst in session.block_copies(out):
             self.model.copy_blocks([(src, dst)])
             rec.writes.append(SlotWrite("-", -1, dst, self.model.state_of(dst), "cow"))

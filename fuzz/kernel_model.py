@@ -5,7 +5,8 @@ row's kernel path from fuzz/mixers.py (one class per mixer family). This module 
 and the worker-side rules both runners share (paths inside the installed `vllm`):
 
 - zeroing fresh blocks: `SchedulerOutput.new_block_ids_to_zero`, applied before anything else
-  (vLLM records attention blocks only: mamba blocks are never zeroed);
+  (vLLM records attention blocks only: mamba blocks are never zeroed); a block's first use
+  ever finds the zeros the KV cache was allocated with (the harness marks those);
 - copy-on-write: `SchedulerOutput.kv_cache_block_copies` (worker `_apply_kv_cache_block_copies`),
   applied after zeroing and before the forward;
 - running column (align mode): v1/worker/mamba_utils.py `preprocess_mamba` (V2:
@@ -192,6 +193,8 @@ class KernelModel:
         else:
             read_col = curr + accepted - 1
             start = self.state_of(table[read_col]) if read_col < len(table) else UNSET
+            if start == ZEROED and num_computed == 0:
+                start = EMPTY  # no mask, but zeros are exactly the initial state
             state = start
             outputs = []
             for t, tok in enumerate(tokens):
