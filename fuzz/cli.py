@@ -18,6 +18,11 @@ SPLIT_HELP = ("chunk split under test: fixed (installed vLLM, default), prefix (
               "(same signature as Scheduler._mamba_block_aligned_split)")
 
 
+RUNNER_HELP = ("vLLM model runner the kernel model mirrors: v1 (gpu_model_runner.py) or v2 "
+               "(gpu/model_runner.py); default: the scenario's engine.runner, else what vLLM 0.32 picks on a "
+               "CUDA host for its config (v2 for every config the scenarios express)")
+
+
 class UsageError(Exception):
     pass
 
@@ -39,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "whether the verdict matches it.")
     r.add_argument("files", nargs="+", metavar="FILE")
     r.add_argument("--split", default="fixed", help=SPLIT_HELP)
+    r.add_argument("--runner", choices=("v1", "v2"), default=None, help=RUNNER_HELP)
     r.add_argument("--trace", action="store_true", help="print a step table: chunks, slot writes, new hashes")
     r.add_argument("--json", action="store_true", help="print one JSON object per file instead of text")
     r.add_argument("--no-differential", action="store_true", help="skip the prefix-caching-off run")
@@ -108,21 +114,22 @@ def cmd_repro(args: argparse.Namespace) -> int:
             continue
         try:
             ev = evaluate(case.scenario, args.split, differential=not args.no_differential,
-                          strict_efficiency=args.strict_efficiency)
+                          strict_efficiency=args.strict_efficiency, runner=args.runner)
         except ScenarioError as exc:
             print(f"mambafuzz: {path}: {'; '.join(exc.problems)}", file=sys.stderr)
             worst = EXIT_USAGE
             continue
-        expected = case.expected.get(args.split)
+        expected = corpus.expected_for(case.expected, args.split, ev.trace.runner)
         notes = engine_realism_notes(case.scenario.engine)
         if args.json:
             obj = describe(path, args.split, ev, expected)
+            obj["runner"], obj["mixer"] = ev.trace.runner, ev.trace.mixer
             obj["realism_notes"] = notes
             if args.digest:
                 obj["digest"] = trace_digest(ev.trace)
             print(json.dumps(obj))
         else:
-            _print_text(path, args.split, ev, expected, notes)
+            _print_text(path, f"{args.split}, runner {ev.trace.runner}", ev, expected, notes)
             if args.trace:
                 print(step_table(ev.trace))
             if args.digest:

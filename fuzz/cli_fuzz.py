@@ -18,7 +18,7 @@ CONFIRM_HELP = ("Re-run the minimized finding on a real vLLM engine (CPU backend
 
 
 def add_commands(sub) -> None:
-    from fuzz.cli import SPLIT_HELP
+    from fuzz.cli import RUNNER_HELP, SPLIT_HELP
 
     f = sub.add_parser(
         "fuzz", help="search the scenario space and file minimized findings",
@@ -28,6 +28,7 @@ def add_commands(sub) -> None:
                     "scenario file that `mambafuzz repro` replays. Extra libFuzzer flags go after `--`. "
                     "Exit 1 if anything new was found, 0 if not, 2 on usage errors.")
     f.add_argument("--split", default="fixed", help=SPLIT_HELP)
+    f.add_argument("--runner", choices=("v1", "v2"), default=None, help=RUNNER_HELP)
     f.add_argument("--engine", choices=ENGINES, default="atheris", help="input engine (default atheris)")
     f.add_argument("--max-time", type=float, default=60.0, metavar="SECONDS", help="stop after this long (default 60)")
     f.add_argument("--runs", type=int, default=0, metavar="N", help="stop after N executions (0: no limit)")
@@ -60,6 +61,7 @@ def add_commands(sub) -> None:
                                    "minimized), 0 when it is clean, 2 on bad input.")
     m.add_argument("file", metavar="FILE")
     m.add_argument("--split", default="fixed", help=SPLIT_HELP)
+    m.add_argument("--runner", choices=("v1", "v2"), default=None, help=RUNNER_HELP)
     m.add_argument("-o", "--output", metavar="OUT")
     m.add_argument("--budget", type=float, default=60.0, metavar="SECONDS")
     m.add_argument("--confirm-engine", action="store_true", help=CONFIRM_HELP)
@@ -162,7 +164,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         minimize_budget=args.minimize_budget, rss_limit_mb=args.rss_limit_mb,
         libfuzzer_args=list(args.libfuzzer_args), quiet=args.quiet,
         stats_file=Path(args.stats) if args.stats else None)
-    print(f"fuzzing split {args.split} with {args.engine} x{args.jobs}, findings in {args.findings}/", flush=True)
+    if args.runner:  # the workers read it from their environment (target_runtime.Runtime.from_env)
+        import os
+
+        os.environ["MAMBAFUZZ_RUNNER"] = args.runner
+    runner = f", model runner {args.runner}" if args.runner else ""
+    print(f"fuzzing split {args.split}{runner} with {args.engine} x{args.jobs}, findings in {args.findings}/",
+          flush=True)
     result = run_campaign(cfg)
     real = [p for p in result.new_files if not p.name.startswith("flaky-")]
     print(f"\nsummary: {result.execs} executions in {result.seconds:.1f}s, {len(real)} new finding(s)"
@@ -193,11 +201,12 @@ def cmd_minimize(args: argparse.Namespace) -> int:
     from fuzz.corpus import atomic_write, case_json
     from fuzz.minimizer import minimize
     from fuzz.pipeline import evaluate
-    from fuzz.scenario import ScenarioError
+    from fuzz.scenario import ScenarioError, with_runner
 
     try:
         splits.resolve(args.split)
         case = corpus.load_case(args.file)
+        case.scenario = with_runner(case.scenario, args.runner)  # the minimized file keeps it
         first = evaluate(case.scenario, args.split, efficiency=False).verdict
     except (splits.SplitError, corpus.CaseError, ScenarioError) as exc:
         raise _usage(str(exc)) from None

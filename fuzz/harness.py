@@ -293,6 +293,8 @@ class _Runner:
         spec_row = self.model.is_spec_row(start, n, len(drafts), req.num_prompt_tokens,
                                           live.prefill_len or req.num_prompt_tokens)
         row = self.model.run_row(rid, table, start, tokens, len(drafts), spec_row, live.truth)
+        if spec_row:
+            self.trace.spec_rows.add((rec.step, rid))
         first = live.first_chunk_pending
         live.first_chunk_pending = False
         rec.chunks.append(Chunk(rid, start, n, len(drafts), row.read_column, row.read_block, row.read_state,

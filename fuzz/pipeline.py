@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fuzz import harness, oracle, splits
-from fuzz.scenario import Scenario
+from fuzz.scenario import Scenario, with_runner
 from fuzz.trace import Trace
 
 
@@ -18,9 +18,11 @@ class Evaluation:
 
 
 def evaluate(scenario: Scenario, split: str = "fixed", differential: bool = True,
-             efficiency: bool = True, strict_efficiency: bool = False) -> Evaluation:
+             efficiency: bool = True, strict_efficiency: bool = False, runner: str | None = None) -> Evaluation:
     """Run `scenario` under `split` and judge it.  `differential` adds the prefix-caching-off
-    run; `efficiency` adds a run of the installed split as the reference (skipped for fixed)."""
+    run (same model runner, mamba_cache_mode "none"); `efficiency` adds a run of the installed
+    split as the reference (skipped for fixed). `runner` overrides the scenario's model runner."""
+    scenario = with_runner(scenario, runner)
     fn = splits.resolve(split)
     trace = harness.run(scenario, fn, split)
     uncached = harness.run(scenario, fn, split, prefix_caching=False) if differential else None

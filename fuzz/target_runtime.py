@@ -3,7 +3,8 @@
 Configured by environment variables so that libFuzzer's `-fork`/`-jobs` children, which
 re-run the target script with argv only, behave like their parent:
   MAMBAFUZZ_SPLIT, MAMBAFUZZ_FINDINGS, MAMBAFUZZ_DECODER (bytes|hypothesis),
-  MAMBAFUZZ_STOP_ON_FIRST, MAMBAFUZZ_ENGINE, MAMBAFUZZ_MINIMIZE_BUDGET.
+  MAMBAFUZZ_STOP_ON_FIRST, MAMBAFUZZ_ENGINE, MAMBAFUZZ_MINIMIZE_BUDGET, MAMBAFUZZ_RUNNER (v1|v2;
+  unset: each scenario's own engine.runner, else vLLM's default).
 Status lines start with "@@" and are read by the `mambafuzz fuzz` supervisor.
 """
 
@@ -16,17 +17,19 @@ import time
 from fuzz.finding_store import FindingStore, known_signatures
 from fuzz.inputs import decode_input
 from fuzz.pipeline import evaluate
-from fuzz.scenario import Scenario, ScenarioError
+from fuzz.scenario import Scenario, ScenarioError, with_runner
 
 STATUS_EVERY = 3.0
 
 
 class Runtime:
     def __init__(self, split: str, findings: str, decoder: str = "bytes", engine: str = "atheris",
-                 stop_on_first: bool = False, minimize_budget: float = 30.0, known_dirs: list[str] | None = None):
+                 stop_on_first: bool = False, minimize_budget: float = 30.0, known_dirs: list[str] | None = None,
+                 runner: str | None = None):
         from pathlib import Path
 
         self.split = split
+        self.runner = runner  # applied to every scenario, so a filed finding replays on the same runner
         self.engine = engine
         self.stop_on_first = stop_on_first
         known = known_signatures([Path(d) for d in (known_dirs or [])], split)
@@ -44,7 +47,8 @@ class Runtime:
                    decoder=env.get("MAMBAFUZZ_DECODER", "bytes"), engine=env.get("MAMBAFUZZ_ENGINE", "atheris"),
                    stop_on_first=env.get("MAMBAFUZZ_STOP_ON_FIRST") == "1",
                    minimize_budget=float(env.get("MAMBAFUZZ_MINIMIZE_BUDGET", "30")),
-                   known_dirs=[d for d in env.get("MAMBAFUZZ_KNOWN", "").split(os.pathsep) if d])
+                   known_dirs=[d for d in env.get("MAMBAFUZZ_KNOWN", "").split(os.pathsep) if d],
+                   runner=env.get("MAMBAFUZZ_RUNNER") or None)
 
     def decode(self, data: bytes) -> Scenario | None:
         return decode_input(data, self.decoder)
@@ -53,6 +57,7 @@ class Runtime:
         """Evaluate once; file a finding if any.  Returns True when a new finding was filed."""
         self.execs += 1
         try:
+            scenario = with_runner(scenario, self.runner)
             v = evaluate(scenario, self.split, efficiency=False).verdict
         except ScenarioError:
             self.rejected += 1

@@ -86,7 +86,7 @@ def splits_for(raw: dict[str, Any], split: str | None) -> list[str]:
     finding = raw.get("finding")
     if isinstance(finding, dict):
         return [finding["split"] if isinstance(finding.get("split"), str) else "fixed"]
-    expected = raw.get("expected") or {}
+    expected = {key.partition("@")[0] for key in raw.get("expected") or {}}  # split@runner: the split
     names = sorted(expected, key=lambda s: (SPLIT_ORDER.index(s) if s in SPLIT_ORDER else len(SPLIT_ORDER), s))
     return names or ["fixed"]
 
