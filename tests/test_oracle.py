@@ -3,11 +3,13 @@
 from fuzz import oracle
 from fuzz.findings import (
     Inefficiency,
+    NocacheStaleRead,
     OutputDivergence,
     ResumeStateMismatch,
     SlotHashMismatch,
     StaleStateRead,
     Stall,
+    UninitRead,
     VllmCrash,
 )
 from fuzz.state import EMPTY, PrefixStates
@@ -111,3 +113,30 @@ def test_efficiency_is_report_only_unless_strict():
     v = oracle.judge(cand, reference=ref)
     assert v.clean and isinstance(v.reports[0], Inefficiency)
     assert not oracle.judge(cand, reference=ref, strict_efficiency=True).clean
+
+
+def test_reads_the_uncached_run_shares_are_runner_bugs_not_prefix_cache_poisoning():
+    """A row with nothing computed that reads its block is uninit_read; a wrong read the
+    mamba_cache_mode none run makes on the same row is nocache_stale_read; one only that run
+    makes is filed with a nocache- location; and output_divergence skips such requests."""
+    garbage = EMPTY.extend([99] * 3)
+
+    def with_read(start, state):
+        t = clean_trace()
+        t.steps[1].chunks = [chunk(start, 4, read_state=state)]
+        return t
+
+    cached, uncached = with_read(0, garbage), with_read(0, garbage)
+    f = oracle.check_reads(cached, uncached)
+    assert isinstance(f, UninitRead) and f.signature == "uninit_read:from-empty"
+    assert oracle.check_reads(cached, clean_trace()).signature == "uninit_read:from-empty+cached-only"
+    cached, uncached = with_read(16, TRUTH.at(17)), with_read(16, TRUTH.at(17))
+    f = oracle.check_reads(cached, uncached)
+    assert isinstance(f, NocacheStaleRead) and f.signature == "nocache_stale_read:long"
+    assert isinstance(oracle.check_reads(cached, clean_trace()), StaleStateRead)
+    f = oracle.check_nocache_reads(uncached, clean_trace())
+    assert f.signature == "nocache_stale_read:nocache-long" and f.message.startswith("prefix caching off: ")
+    assert oracle.check_nocache_reads(uncached, cached) is None  # judged on the cached run instead
+    uncached.outputs = {"r0": [5, 9]}
+    assert oracle.check_outputs(clean_trace(), uncached) is None
+    assert oracle.judge(clean_trace(), uncached).kind == "nocache_stale_read"
