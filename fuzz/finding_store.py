@@ -32,12 +32,16 @@ def finding_signature(scenario: Scenario, split: str) -> str | None:
     return None if v.clean else v.primary.signature
 
 
-def known_signatures(dirs: list[Path], split: str) -> set[str]:
+def known_signatures(dirs: list[Path], split: str, runner: str | None = None) -> set[str]:
     """Signatures already on file: recorded in a case's `finding` block, or obtained by
-    replaying regression/upstream cases under this split."""
+    replaying regression/upstream cases under this split. A finding recorded for one model
+    runner (`finding.runner`) is known only to a campaign on that runner (`runner`, None: v2,
+    vLLM's default on a CUDA host)."""
     known: set[str] = set()
     for case in iter_cases([d for d in dirs if d.exists()], warn=lambda msg: None):
         meta = case.extra.get("finding")
+        if isinstance(meta, dict) and meta.get("runner") not in (None, runner or "v2"):
+            continue
         if isinstance(meta, dict) and meta.get("split") == split and isinstance(meta.get("signature"), str):
             known.add(meta["signature"])
             by_runner = meta.get("signatures_by_runner")  # a case whose signature depends on the model runner

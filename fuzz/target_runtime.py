@@ -32,7 +32,7 @@ class Runtime:
         self.runner = runner  # applied to every scenario, so a filed finding replays on the same runner
         self.engine = engine
         self.stop_on_first = stop_on_first
-        known = known_signatures([Path(d) for d in (known_dirs or [])], split)
+        known = known_signatures([Path(d) for d in (known_dirs or [])], split, runner)
         self.store = FindingStore(Path(findings), split, known=known, minimize_budget=minimize_budget)
         self.decoder = decoder
         self.execs = 0
