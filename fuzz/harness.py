@@ -145,7 +145,7 @@ class _Runner:
             spec_engine=self.spec,
             num_speculative_tokens=e.num_speculative_tokens,
             align=prefix_caching,
-        ), runner=session.runner, mixer=scenario.engine.mixer)
+        ), runner=session.runner, mixer=scenario.engine.mixer, first_use=(session.allocated_blocks, session.reused_blocks))
         self.arrivals_at: dict[int, list[int]] = {}
         self.aborts_at: dict[int, list[str]] = {}
         for i, (rid, r) in enumerate(zip(self.ids, scenario.requests)):
@@ -218,8 +218,6 @@ class _Runner:
             rec.preempted = sorted(preempted)
             self.unadmitted.update(preempted)
         self.model.zero_blocks(session.blocks_to_zero(out))
-        if session.fresh_blocks:  # first use of a pool block: still the zeros the cache was allocated with
-            self.model.zero_blocks(session.take_fresh_mamba_blocks())
         for src, dst in session.block_copies(out):
             self.model.copy_blocks([(src, dst)])
             rec.writes.append(SlotWrite("-", -1, dst, self.model.state_of(dst), "cow"))

@@ -5,8 +5,8 @@ row's kernel path from fuzz/mixers.py (one class per mixer family). This module 
 and the worker-side rules both runners share (paths inside the installed `vllm`):
 
 - zeroing fresh blocks: `SchedulerOutput.new_block_ids_to_zero`, applied before anything else
-  (vLLM records attention blocks only: mamba blocks are never zeroed); a block's first use
-  ever finds the zeros the KV cache was allocated with (the harness marks those);
+  (vLLM records attention blocks only: mamba blocks are never zeroed); a block nobody wrote
+  holds the zeros the KV cache was allocated with until the pool hands it out a second time;
 - copy-on-write: `SchedulerOutput.kv_cache_block_copies` (worker `_apply_kv_cache_block_copies`),
   applied after zeroing and before the forward;
 - running column (align mode): v1/worker/mamba_utils.py `preprocess_mamba` (V2:
@@ -79,17 +79,24 @@ class RowResult(NamedTuple):
 
 
 class KernelModel:
-    def __init__(self, geometry: KernelGeometry, runner: str = "v1", mixer: str = "gdn"):
+    def __init__(self, geometry: KernelGeometry, runner: str = "v1", mixer: str = "gdn",
+                 first_use: tuple[set[int], set[int]] | None = None):
+        """`first_use`, when given, is the pool's live (allocated, reused) block-id sets: a block
+        allocated once and never written still holds the cache's initial zeros."""
         self.g = geometry
         self.runner = runner_rules(runner)
         self.mixer = mixer_rules(mixer)
+        self.allocated, self.reused = first_use or (set(), set())
         self.held: dict[int, State] = {}
         self.dirty: set[int] = set()
         self._prev_column: dict[str, int] = {}  # worker's mamba_state_idx
         self._num_accepted: dict[str, int] = {}  # worker's num_accepted_tokens_cpu
 
     def state_of(self, block_id: int) -> State:
-        return self.held.get(block_id, UNSET)
+        state = self.held.get(block_id)
+        if state is None:  # never written: zeros on its first owner, else its last user's bytes
+            return ZEROED if block_id in self.allocated and block_id not in self.reused else UNSET
+        return state
 
     def _write(self, block_id: int, state: State) -> bool:
         if block_id <= self.g.null_block_id:
@@ -114,8 +121,10 @@ class KernelModel:
             self._write(b, ZEROED)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """CoW copies of every group (their sources are published blocks, so written ones for
+        the mamba group): what the model wrote is copied, nothing is inferred."""
         for src, dst in copies:
-            self._write(dst, self.state_of(src))
+            self._write(dst, self.held.get(src, UNSET))
 
     def load_external(self, table: list[int], num_tokens: int, state: State) -> int:
         """A connector load: the state after `num_tokens` lands in that position's column."""

@@ -244,8 +244,9 @@ class SchedulerSession:
         self._mamba_manager = managers[self.mamba_group]
         self.block_pool = self.scheduler.kv_cache_manager.block_pool
         self.null_block_id = self.block_pool.null_block.block_id
-        self.fresh_blocks: set[int] = set()  # handed out for the first time since the last take_fresh_blocks()
-        self._watch_first_use()
+        self.allocated_blocks: set[int] = set()  # ever handed out by the pool
+        self.reused_blocks: set[int] = set()  # handed out more than once: no longer the cache's initial zeros
+        self._watch_reuse()
         self._mamba_key_suffix = bytes(make_block_hash_with_group_id(b"", self.mamba_group))
         self.connector = self.scheduler.connector
         self._block_hasher = get_request_block_hasher(hash_block_size, sha256)
@@ -253,33 +254,24 @@ class SchedulerSession:
         # update_from_output, before their last sampled token could be read back.
         self._requests: dict[str, Request] = {}
 
-    def _watch_first_use(self) -> None:
-        """Record blocks the pool hands out for the first time. The worker allocates the whole
-        KV cache zeroed (v1/worker/utils.py `allocate_kv_cache`: torch.zeros), and all groups
-        share it, so a block's first owner finds zeros; a block any group used before holds
-        that group's bytes (mamba blocks are never zeroed on reuse)."""
+    def _watch_reuse(self) -> None:
+        """Record every block the pool hands out a second time. The worker allocates the whole
+        KV cache zeroed (v1/worker/utils.py `allocate_kv_cache`: torch.zeros) and all groups
+        share it, so a block on its first owner holds zeros until written; a block any group
+        used before holds that group's bytes (mamba blocks are never zeroed on reuse)."""
         pool_get = self.block_pool.get_new_blocks
-        ever: set[int] = set()
-        fresh = self.fresh_blocks
+        ever, reused = self.allocated_blocks, self.reused_blocks
 
         def get_new_blocks(num_blocks: int) -> list[KVCacheBlock]:
             blocks = pool_get(num_blocks)
             for b in blocks:
-                if b.block_id not in ever:
+                if b.block_id in ever:
+                    reused.add(b.block_id)
+                else:
                     ever.add(b.block_id)
-                    fresh.add(b.block_id)
             return blocks
 
         self.block_pool.get_new_blocks = get_new_blocks
-
-    def take_fresh_mamba_blocks(self) -> list[int]:
-        """The blocks handed out for the first time since the last call that went to the
-        observed mamba group (the others' first use is their own group's business)."""
-        fresh = self.fresh_blocks
-        found = [b.block_id for blocks in self._mamba_manager.req_to_blocks.values() for b in blocks
-                 if b.block_id in fresh]
-        fresh.clear()
-        return found
 
     # ---- driving ----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: list[int], max_tokens: int, arrival: float) -> None:
