@@ -243,7 +243,8 @@ class _Runner:
         sampled: dict[str, list[int]] = {}
         if scheduled:
             self.trace.forward_steps += 1
-        self.model.begin_step(scheduled)
+        if self.spec:  # accepted-token counts exist only in a spec-decode engine
+            self.model.begin_step(scheduled)
         for rid in scheduled:  # dict order is the batch order vLLM built
             sampled[rid] = self._run_row(rec, rid, scheduled[rid], spec_tokens.get(rid, []))
 
@@ -288,8 +289,8 @@ class _Runner:
         if drafts:
             tokens += drafts
         table = self.session.mamba_block_ids(rid)
-        spec_row = self.model.is_spec_row(start, n, len(drafts), req.num_prompt_tokens,
-                                          live.prefill_len or req.num_prompt_tokens)
+        spec_row = self.spec and self.model.is_spec_row(start, n, len(drafts), req.num_prompt_tokens,
+                                                        live.prefill_len or req.num_prompt_tokens)
         row = self.model.run_row(rid, table, start, tokens, len(drafts), spec_row, live.truth)
         if spec_row:
             self.trace.spec_rows.add((rec.step, rid))
@@ -297,8 +298,9 @@ class _Runner:
         live.first_chunk_pending = False
         rec.chunks.append(Chunk(rid, start, n, len(drafts), row.read_column, row.read_block, row.read_state,
                                 live.truth.at(start), first, first and start > 0))
-        for col, block, state, cause in row.writes:
-            rec.writes.append(SlotWrite(rid, col, block, state, cause))
+        if self.prefix_caching:  # the uncached run's writes explain no finding: its reads are judged alone
+            for col, block, state, cause in row.writes:
+                rec.writes.append(SlotWrite(rid, col, block, state, cause))
         prefill_done = start + base >= req.num_tokens
         if not prefill_done:
             sampled: list[int] = []
