@@ -298,9 +298,8 @@ class _Runner:
         live.first_chunk_pending = False
         rec.chunks.append(Chunk(rid, start, n, len(drafts), row.read_column, row.read_block, row.read_state,
                                 live.truth.at(start), first, first and start > 0))
-        if self.prefix_caching:  # the uncached run's writes explain no finding: its reads are judged alone
-            for col, block, state, cause in row.writes:
-                rec.writes.append(SlotWrite(rid, col, block, state, cause))
+        for col, block, state, cause in row.writes:
+            rec.writes.append(SlotWrite(rid, col, block, state, cause))
         prefill_done = start + base >= req.num_tokens
         if not prefill_done:
             sampled: list[int] = []

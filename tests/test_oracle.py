@@ -140,3 +140,16 @@ def test_reads_the_uncached_run_shares_are_runner_bugs_not_prefix_cache_poisonin
     uncached.outputs = {"r0": [5, 9]}
     assert oracle.check_outputs(clean_trace(), uncached) is None
     assert oracle.judge(clean_trace(), uncached).kind == "nocache_stale_read"
+
+
+def test_a_state_left_by_a_prefill_row_that_kept_its_drafts_has_one_signature_in_either_run():
+    """A prefill-kernel row with drafts stores the state after them (cause chunk-end+drafts); the
+    next row that reads it is the runner's doing, whether or not the uncached schedule shows it."""
+    t = clean_trace()
+    t.steps[0].writes = [SlotWrite("r0", 0, 7, TRUTH.at(17), "chunk-end+drafts")]
+    t.steps[1].chunks = [chunk(16, 4, read_state=TRUTH.at(17))]
+    f = oracle.check_reads(t, clean_trace())
+    assert isinstance(f, NocacheStaleRead) and f.signature == "nocache_stale_read:long/prefill-kept-drafts"
+    assert oracle.check_nocache_reads(t, clean_trace()).signature == f.signature
+    t.steps[0].writes = [SlotWrite("r0", 0, 7, TRUTH.at(17), "chunk-end")]
+    assert isinstance(oracle.check_reads(t, clean_trace()), StaleStateRead)

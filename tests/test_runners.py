@@ -176,3 +176,11 @@ def test_a_blocks_first_use_holds_the_zeros_the_cache_was_allocated_with():
     fresh = dataclasses.replace(case.scenario, requests=case.scenario.requests[1:])
     assert evaluate(fresh, "fixed", efficiency=False, runner="v1").verdict.clean
     assert evaluate(case.scenario, "fixed", efficiency=False, runner="v1").verdict.kind == "uninit_read"
+
+
+def test_a_prefill_kernel_row_stores_the_state_after_its_drafts_and_says_so():
+    """V2's padded one-token prompt: the chunked kernel cannot roll placeholder drafts back."""
+    m = model("v2")
+    row = m.run_row("r", [41, 42], 0, TOKENS[:1] + [-1], 1, spec_row=False)
+    assert row.read_state == EMPTY
+    assert row.writes == [(0, 41, TRUTH.at(1).extend([-1]), "chunk-end+drafts")]
