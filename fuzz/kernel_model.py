@@ -196,8 +196,8 @@ class KernelModel:
                 for tok in tokens[len(tokens) - num_drafts - 1 :]:
                     final = final.extend([tok])
                     outputs.append(next_token(final, self.g.vocab_size))
-            if self._write(table[curr], final):
-                writes.append((curr, table[curr], final, "chunk-end"))
+            if self._write(table[curr], final):  # drafts included: the kernel cannot roll them back
+                writes.append((curr, table[curr], final, "chunk-end+drafts" if num_drafts else "chunk-end"))
             self._maybe_checkpoint(table, num_computed, seq_len, start, writes, through)
         else:
             read_col = curr + accepted - 1

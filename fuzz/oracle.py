@@ -84,11 +84,25 @@ def wrong_reads(trace: Trace | None) -> set[tuple[str, int]]:
     return {(c.request_id, c.start) for rec in trace.steps for c in rec.chunks if c.read_state != c.true_state}
 
 
-def _read_finding(step: int, c, shared: bool, nocache: bool = False) -> Finding:
+KEPT_DRAFTS = "chunk-end+drafts"  # a prefill-kernel row stored its state after its draft positions
+
+
+def _read_finding(step: int, c, shared: bool, nocache: bool = False, cause: str = "") -> Finding:
     """The finding for one row `c` that started from a wrong state. `shared`: the other run
     (prefix caching on vs off) started the same row from a wrong state too; `nocache`: `c` is
-    a row of the run with prefix caching off."""
+    a row of the run with prefix caching off; `cause`: the last write to the block it read.
+
+    A state left by a prefill-kernel row that kept its draft positions is the runner's doing in
+    either cache mode (the row classification ignores the mode), so it gets one signature,
+    whichever run's schedule happened to show it."""
     rel = _relation(c.read_state, c.true_state)
+    if cause == KEPT_DRAFTS and c.start > 0:
+        return NocacheStaleRead(
+            f"step {step}: {c.request_id} ran tokens {c.start}..{c.end} from block {c.read_block} "
+            f"(column {c.read_column}) holding {c.read_state}, expected {c.true_state} ({rel}): a prefill-kernel "
+            f"row stored the state after its draft positions{' (prefix caching off)' if nocache else ''}",
+            location=f"{rel}/prefill-kept-drafts", step=step, request_id=c.request_id,
+        )
     held = (f"{c.read_state}: bytes no modelled kernel of this group wrote, left by the block's "
             "earlier user (another KV-cache group or request)" if c.read_state.num_tokens < -1 else str(c.read_state))
     where = f"from block {c.read_block} (column {c.read_column}) holding {held}"
@@ -128,7 +142,8 @@ def check_reads(trace: Trace, uncached: Trace | None = None) -> Finding | None:
     for rec in trace.steps:
         for c in rec.chunks:
             if c.read_state != c.true_state:
-                return _read_finding(rec.step, c, (c.request_id, c.start) in shared)
+                cause = last_write(trace, c.read_block, rec.step - 1)[1]
+                return _read_finding(rec.step, c, (c.request_id, c.start) in shared, cause=cause)
     return None
 
 
@@ -139,7 +154,8 @@ def check_nocache_reads(uncached: Trace, cached: Trace) -> Finding | None:
     for rec in uncached.steps:
         for c in rec.chunks:
             if c.read_state != c.true_state and (c.request_id, c.start) not in own:
-                finding = _read_finding(rec.step, c, False, nocache=True)
+                cause = last_write(uncached, c.read_block, rec.step - 1)[1]
+                finding = _read_finding(rec.step, c, False, nocache=True, cause=cause)
                 finding.message = "prefix caching off: " + finding.message
                 return finding
     return None
