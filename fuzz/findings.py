@@ -46,8 +46,8 @@ class StaleStateRead(Finding):
 
 class UninitRead(Finding):
     """A row with nothing computed started from whatever its block held, not from zeros: no
-    prefix cache hit is involved. Location `from-empty` when the run with prefix caching off
-    (same runner, mamba_cache_mode "none") does it too, `from-empty+cached-only` when it does not."""
+    prefix cache hit is involved, so it has one signature whichever run (prefix caching on, or
+    off: same runner, mamba_cache_mode "none") showed it; the message says which."""
 
     kind = "uninit_read"
 

@@ -107,11 +107,11 @@ def _read_finding(step: int, c, shared: bool, nocache: bool = False, cause: str 
             "earlier user (another KV-cache group or request)" if c.read_state.num_tokens < -1 else str(c.read_state))
     where = f"from block {c.read_block} (column {c.read_column}) holding {held}"
     prefix = "nocache-" if nocache else ""
-    if c.start == 0:
+    if c.start == 0:  # with nothing computed no prefix-cache entry is involved, whichever run shows it
         return UninitRead(
             f"step {step}: {c.request_id} ran tokens 0..{c.end} with nothing computed {where}, not from zeros"
-            f"{'; prefix caching off does the same' if shared else ''}",
-            location=prefix + ("from-empty" if shared or nocache else "from-empty+cached-only"),
+            f"{'; prefix caching off does the same' if shared else ''}{' (prefix caching off)' if nocache else ''}",
+            location="from-empty",  # the runner's row classification, in either cache mode: one signature
             step=step, request_id=c.request_id,
         )
     if shared or nocache:
