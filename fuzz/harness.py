@@ -157,6 +157,7 @@ class _Runner:
         # live requests not admitted yet, or preempted since: the only ones an admission can be
         self.unadmitted: set[str] = set()
         self.known_entries: set[tuple[bytes, int]] = set()
+        self.accepted_reset: set[str] = set()  # V1 forgot their accepted count; not scheduled since
         if session.connector is not None and prefix_caching:
             session.connector.plan = {
                 rid: ExternalHit(r.external_tokens, r.external_async)
@@ -244,7 +245,10 @@ class _Runner:
         if scheduled:
             self.trace.forward_steps += 1
         if self.spec:  # accepted-token counts exist only in a spec-decode engine
-            self.model.begin_step(scheduled)
+            self.accepted_reset.update(self.model.begin_step(scheduled))
+            for rid in self.accepted_reset.intersection(scheduled):
+                self.trace.after_accepted_reset.add((step, rid))
+                self.accepted_reset.discard(rid)
         for rid in scheduled:  # dict order is the batch order vLLM built
             sampled[rid] = self._run_row(rec, rid, scheduled[rid], spec_tokens.get(rid, []))
 

@@ -133,14 +133,18 @@ class KernelModel:
         return table[column]
 
     # ---- one request's row --------------------------------------------------------
-    def begin_step(self, scheduled: set[str] | dict[str, int]) -> None:
+    def begin_step(self, scheduled: set[str] | dict[str, int]) -> list[str]:
         """Before this step's rows: V1 forgets the accepted-token count of every request it did
-        not schedule (see runners.V1Runner), V2 keeps it."""
+        not schedule (see runners.V1Runner), V2 keeps it. Returns the requests whose count
+        this changed (it was above 1)."""
+        reset = []
         if self.runner.resets_accepted_when_unscheduled:
             accepted = self._num_accepted
-            for rid in accepted:
-                if rid not in scheduled:
+            for rid, count in accepted.items():
+                if rid not in scheduled and count != 1:
                     accepted[rid] = 1
+                    reset.append(rid)
+        return reset
 
     def is_spec_row(self, num_computed: int, num_scheduled: int, num_drafts: int, num_prompt_tokens: int,
                     prefill_len: int | None = None) -> bool:

@@ -87,7 +87,8 @@ def wrong_reads(trace: Trace | None) -> set[tuple[str, int]]:
 KEPT_DRAFTS = "chunk-end+drafts"  # a prefill-kernel row stored its state after its draft positions
 
 
-def _read_finding(step: int, c, shared: bool, nocache: bool = False, cause: str = "") -> Finding:
+def _read_finding(step: int, c, shared: bool, nocache: bool = False, cause: str = "",
+                  after_reset: bool = False) -> Finding:
     """The finding for one row `c` that started from a wrong state. `shared`: the other run
     (prefix caching on vs off) started the same row from a wrong state too; `nocache`: `c` is
     a row of the run with prefix caching off; `cause`: the last write to the block it read.
@@ -96,6 +97,13 @@ def _read_finding(step: int, c, shared: bool, nocache: bool = False, cause: str 
     either cache mode (the row classification ignores the mode), so it gets one signature,
     whichever run's schedule happened to show it."""
     rel = _relation(c.read_state, c.true_state)
+    if after_reset and c.start > 0:
+        return NocacheStaleRead(
+            f"step {step}: {c.request_id} ran tokens {c.start}..{c.end} from block {c.read_block} "
+            f"(column {c.read_column}) holding {c.read_state}, expected {c.true_state} ({rel}): its first row "
+            f"after V1 re-added it with an accepted-token count of 1{' (prefix caching off)' if nocache else ''}",
+            location=f"{rel}/accepted-reset", step=step, request_id=c.request_id,
+        )
     if cause == KEPT_DRAFTS and c.start > 0:
         return NocacheStaleRead(
             f"step {step}: {c.request_id} ran tokens {c.start}..{c.end} from block {c.read_block} "
@@ -143,7 +151,8 @@ def check_reads(trace: Trace, uncached: Trace | None = None) -> Finding | None:
         for c in rec.chunks:
             if c.read_state != c.true_state:
                 cause = last_write(trace, c.read_block, rec.step - 1)[1]
-                return _read_finding(rec.step, c, (c.request_id, c.start) in shared, cause=cause)
+                return _read_finding(rec.step, c, (c.request_id, c.start) in shared, cause=cause,
+                                     after_reset=(rec.step, c.request_id) in trace.after_accepted_reset)
     return None
 
 
@@ -155,7 +164,8 @@ def check_nocache_reads(uncached: Trace, cached: Trace) -> Finding | None:
         for c in rec.chunks:
             if c.read_state != c.true_state and (c.request_id, c.start) not in own:
                 cause = last_write(uncached, c.read_block, rec.step - 1)[1]
-                finding = _read_finding(rec.step, c, False, nocache=True, cause=cause)
+                finding = _read_finding(rec.step, c, False, nocache=True, cause=cause,
+                                        after_reset=(rec.step, c.request_id) in uncached.after_accepted_reset)
                 finding.message = "prefix caching off: " + finding.message
                 return finding
     return None
@@ -184,11 +194,26 @@ def check_crash(trace: Trace) -> Finding | None:
                      location=f"{c.exc_type}@{frame}", step=c.step)
 
 
+def runner_caused_reads(trace: Trace) -> set[str]:
+    """Requests with a wrong read that the model runner causes in either cache mode: nothing
+    computed (uninit), a state a prefill row left with its drafts, or V1's accepted-count reset."""
+    out = set()
+    for rec in trace.steps:
+        for c in rec.chunks:
+            if c.read_state != c.true_state and (
+                    c.start == 0 or (rec.step, c.request_id) in trace.after_accepted_reset
+                    or last_write(trace, c.read_block, rec.step - 1)[1] == KEPT_DRAFTS):
+                out.add(c.request_id)
+    return out
+
+
 def check_outputs(cached: Trace, uncached: Trace) -> Finding | None:
     """(c) Prefix caching must not change what any request generates (aborted ones excepted,
-    and ones whose run with prefix caching off read a wrong state itself: that run is no
-    baseline for them, and the read is a finding of its own)."""
+    and ones whose run with prefix caching off read a wrong state itself, or whose cached run
+    read one the runner causes in either mode: those reads are findings of their own)."""
     broken = {rid for rid, _ in wrong_reads(uncached)}
+    if wrong_reads(cached):
+        broken |= runner_caused_reads(cached)
     for rid, tokens in cached.outputs.items():
         if cached.finish_status.get(rid) == "FINISHED_ABORTED" or uncached.finish_status.get(rid) == "FINISHED_ABORTED":
             continue

@@ -154,3 +154,15 @@ def test_a_state_left_by_a_prefill_row_that_kept_its_drafts_has_one_signature_in
     assert oracle.check_nocache_reads(t, clean_trace()).signature == f.signature
     t.steps[0].writes = [SlotWrite("r0", 0, 7, TRUTH.at(17), "chunk-end")]
     assert isinstance(oracle.check_reads(t, clean_trace()), StaleStateRead)
+
+
+def test_the_first_row_after_v1_reset_an_accepted_count_is_the_runners_doing():
+    t = clean_trace()
+    t.steps[1].chunks = [chunk(16, 4, read_state=TRUTH.at(15))]
+    assert isinstance(oracle.check_reads(t, clean_trace()), StaleStateRead)
+    t.after_accepted_reset = {(1, "r0")}
+    f = oracle.check_reads(t, clean_trace())
+    assert isinstance(f, NocacheStaleRead) and f.signature == "nocache_stale_read:short/accepted-reset"
+    other = clean_trace()
+    other.outputs = {"r0": [5, 9]}
+    assert oracle.check_outputs(t, other) is None  # explained by the read, not by prefix caching
