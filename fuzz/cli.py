@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from fuzz.cli_options import SPLIT_HELP, add_patch_argument, patches_or_usage
+from fuzz.cli_options import RUNNER_HELP, SPLIT_HELP, add_patch_argument, patches_or_usage
 from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_INTERRUPTED, EXIT_TOOL, EXIT_USAGE, ToolError, UsageError
 
 
@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("files", nargs="+", metavar="FILE")
     r.add_argument("--split", default="fixed", help=SPLIT_HELP)
     add_patch_argument(r)
+    r.add_argument("--runner", choices=("v1", "v2"), default=None, help=RUNNER_HELP)
     r.add_argument("--trace", action="store_true", help="print a step table: chunks, slot writes, new hashes")
     r.add_argument("--json", action="store_true", help="print one JSON object per file instead of text")
     r.add_argument("--no-differential", action="store_true", help="skip the prefix-caching-off run")
@@ -141,21 +142,23 @@ def cmd_repro(args: argparse.Namespace) -> int:
             continue
         try:
             ev = evaluate(case.scenario, args.split, differential=not args.no_differential,
-                          strict_efficiency=args.strict_efficiency, patches=patches)
+                          strict_efficiency=args.strict_efficiency, patches=patches, runner=args.runner)
         except ScenarioError as exc:
             print(f"mambafuzz: {path}: {'; '.join(exc.problems)}", file=sys.stderr)
             worst = EXIT_USAGE
             continue
-        expected = None if patches else case.expected.get(args.split)  # it describes the unpatched vLLM
+        # a patched vLLM is not the one `expected` describes
+        expected = None if patches else corpus.expected_for(case.expected, args.split, ev.trace.runner)
         notes = engine_realism_notes(case.scenario.engine)
         if args.json:
             obj = describe(path, args.split, ev, expected)
+            obj["runner"], obj["mixer"] = ev.trace.runner, ev.trace.mixer
             obj["realism_notes"] = notes
             if args.digest:
                 obj["digest"] = trace_digest(ev.trace)
             print(json.dumps(obj))
         else:
-            _print_text(path, args.split, ev, expected, notes)
+            _print_text(path, f"{args.split}, runner {ev.trace.runner}", ev, expected, notes)
             if args.trace:
                 print(step_table(ev.trace))
             if args.digest:

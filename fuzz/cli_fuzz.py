@@ -8,7 +8,7 @@ import collections
 import sys
 from pathlib import Path
 
-from fuzz.cli_options import SPLIT_HELP, add_patch_argument, patches_or_usage
+from fuzz.cli_options import RUNNER_HELP, SPLIT_HELP, add_patch_argument, patches_or_usage
 from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE, UsageError
 
 GENERATORS = ("atheris", "hypothesis", "random")
@@ -33,6 +33,7 @@ def add_commands(sub) -> None:
                    help="what generates inputs: atheris (libFuzzer mutation with coverage feedback), hypothesis "
                         "(Hypothesis' decoder under the same feedback) or random (seeded, no feedback); "
                         "default atheris. --engine is the old name")
+    f.add_argument("--runner", choices=("v1", "v2"), default=None, help=RUNNER_HELP)
     f.add_argument("--max-time", type=float, default=60.0, metavar="SECONDS", help="stop after this long (default 60)")
     f.add_argument("--runs", type=int, default=0, metavar="N", help="stop after N executions (0: no limit)")
     f.add_argument("--jobs", type=int, default=1, metavar="N", help="parallel workers sharing corpus and findings")
@@ -68,6 +69,7 @@ def add_commands(sub) -> None:
                                    "minimized), 0 when it is clean, 2 on bad input.")
     m.add_argument("file", metavar="FILE")
     m.add_argument("--split", default="fixed", help=SPLIT_HELP)
+    m.add_argument("--runner", choices=("v1", "v2"), default=None, help=RUNNER_HELP)
     m.add_argument("-o", "--output", metavar="OUT")
     m.add_argument("--budget", type=float, default=60.0, metavar="SECONDS")
     add_patch_argument(m)
@@ -171,8 +173,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         known_dirs=known_dirs, stop_on_first=args.stop_on_first,
         minimize_budget=args.minimize_budget, rss_limit_mb=args.rss_limit_mb,
         libfuzzer_args=list(args.libfuzzer_args), quiet=args.quiet,
-        stats_file=Path(args.stats) if args.stats else None, patches=patch_specs, known_fix_dirs=known_fix_dirs)
-    print(f"fuzzing split {args.split} with {args.generator} x{args.jobs} under {sys.executable}, "
+        stats_file=Path(args.stats) if args.stats else None, patches=patch_specs, known_fix_dirs=known_fix_dirs,
+        runner=args.runner)
+    runner = f", model runner {args.runner}" if args.runner else ""
+    print(f"fuzzing split {args.split}{runner} with {args.generator} x{args.jobs} under {sys.executable}, "
           f"findings in {args.findings}/", flush=True)
     result = run_campaign(cfg)
     real = [p for p in result.new_files if not p.name.startswith("flaky-")]
@@ -222,12 +226,13 @@ def cmd_minimize(args: argparse.Namespace) -> int:
     from fuzz.corpus import atomic_write, case_json
     from fuzz.minimizer import minimize
     from fuzz.pipeline import evaluate
-    from fuzz.scenario import ScenarioError
+    from fuzz.scenario import ScenarioError, with_runner
 
     patches = patches_or_usage(args.patch)
     try:
         splits.resolve(args.split)
         case = corpus.load_case(args.file)
+        case.scenario = with_runner(case.scenario, args.runner)  # the minimized file keeps it
         first = evaluate(case.scenario, args.split, efficiency=False, patches=patches).verdict
     except (splits.SplitError, corpus.CaseError, ScenarioError) as exc:
         raise _usage(str(exc)) from None

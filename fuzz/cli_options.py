@@ -11,6 +11,10 @@ SPLIT_HELP = ("chunk split under test: fixed (installed vLLM, default), prefix (
               "realign (only the pre-fix mid-block realign gate), or package.module:function "
               "(same signature as Scheduler._mamba_block_aligned_split)")
 
+RUNNER_HELP = ("vLLM model runner the kernel model mirrors: v1 (gpu_model_runner.py) or v2 "
+               "(gpu/model_runner.py); default: the scenario's engine.runner, else what vLLM 0.32 picks on a "
+               "CUDA host for its config (v2 for every config the scenarios express)")
+
 PATCH_HELP = ("apply a candidate fix to the installed vLLM for these runs: path/to/fix.py (its PATCHES) or "
               "package.module:NAME (a list of fuzz.patching patches, or a function returning one); repeatable")
 

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from fuzz import vllm_expectations
-from fuzz.scenario import Scenario, ScenarioError, from_json
+from fuzz.scenario import RUNNERS, Scenario, ScenarioError, from_json
 
 MAX_FILE_BYTES = 1 << 20
-KNOWN_KINDS = ("clean", "slot_hash", "resume_state", "stale_read", "output_divergence", "stall", "vllm_crash")
+KNOWN_KINDS = ("clean", "slot_hash", "resume_state", "stale_read", "uninit_read", "nocache_stale_read",
+               "output_divergence", "stall", "vllm_crash")
 
 
 # The engine tier's verdicts per split, for cases without a `finding` block (findings keep
@@ -34,11 +35,24 @@ class NotJsonText(CaseError):
     case with bad fields."""
 
 
+def split_key(key: str) -> tuple[str, str | None]:
+    """An `expected` key: `split` (every model runner) or `split@runner` (that runner only)."""
+    split, _, runner = key.partition("@")
+    return split, runner or None
+
+
+def expected_for(expected: dict[str, str], split: str, runner: str | None) -> str | None:
+    """The expected kind under `split` on `runner`: a runner's own entry wins over the split's."""
+    if runner is not None and f"{split}@{runner}" in expected:
+        return expected[f"{split}@{runner}"]
+    return expected.get(split)
+
+
 @dataclass
 class Case:
     path: Path
     scenario: Scenario
-    expected: dict[str, str] = field(default_factory=dict)  # split -> kind
+    expected: dict[str, str] = field(default_factory=dict)  # split or split@runner -> kind
     extra: dict[str, Any] = field(default_factory=dict)  # note, origin, finding, engine_confirmation: verbatim
 
 
@@ -59,14 +73,16 @@ def parse_case(text: str, where: str) -> Case:
         raise CaseError(f"{where}: {ENGINE_CONFIRMATION} must map split names to confirmation objects")
     expected = raw.get("expected", {})
     if not isinstance(expected, dict) or any(
-        not isinstance(k, str) or v not in KNOWN_KINDS for k, v in expected.items()
+        not isinstance(k, str) or v not in KNOWN_KINDS or split_key(k)[1] not in (None, *RUNNERS)
+        for k, v in expected.items()
     ):
-        raise CaseError(f"{where}: expected must map split names to one of {', '.join(KNOWN_KINDS)}")
+        raise CaseError(f"{where}: expected must map split names (or split@runner, runner one of "
+                        f"{', '.join(RUNNERS)}) to one of {', '.join(KNOWN_KINDS)}")
     by_vllm = raw.get(vllm_expectations.KEY)
     if by_vllm is not None and (bad := vllm_expectations.problems(by_vllm, KNOWN_KINDS)):
         raise CaseError(f"{where}: {bad[0]}")
     extra = {k: raw[k] for k in ("note", "origin", "finding", ENGINE_CONFIRMATION, vllm_expectations.KEY) if k in raw}
-    return Case(Path(where), scenario, vllm_expectations.for_installed(expected, by_vllm), extra)
+    return Case(Path(where), scenario, vllm_expectations.for_installed(dict(expected), by_vllm), extra)
 
 
 def read_case_bytes(path: str | os.PathLike, max_bytes: int = MAX_FILE_BYTES, too_big: str = "") -> bytes:

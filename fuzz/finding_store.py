@@ -46,9 +46,11 @@ class KnownSignatures(set):
     bugs: list[attribution.KnownBug]
 
 
-def known_signatures(dirs: list[Path], split: str) -> KnownSignatures:
+def known_signatures(dirs: list[Path], split: str, runner: str | None = None) -> KnownSignatures:
     """The signatures of the known bugs under `dirs` for fuzzing `split` (recorded in a case's
-    `finding` block, or obtained by replaying regression cases); `.bugs` holds the bugs."""
+    `finding` block, or obtained by replaying regression cases); `.bugs` holds the bugs.
+    Signatures are only the fast first key: whether a finding is an instance of a known bug is
+    decided by replaying it (which carries its model runner, `runner`) under the bug's fix."""
     known = KnownSignatures()
     known.bugs = attribution.known_bugs_for([d for d in dirs if d.exists()], split)
     for bug in known.bugs:

@@ -44,6 +44,22 @@ class StaleStateRead(Finding):
     kind = "stale_read"
 
 
+class UninitRead(Finding):
+    """A row with nothing computed started from whatever its block held, not from zeros: no
+    prefix cache hit is involved, so it has one signature whichever run (prefix caching on, or
+    off: same runner, mamba_cache_mode "none") showed it; the message says which."""
+
+    kind = "uninit_read"
+
+
+class NocacheStaleRead(Finding):
+    """A row started from a wrong state and the run with prefix caching off (same runner,
+    mamba_cache_mode "none") started the same row from a wrong state too: a model-runner bug
+    that prefix caching does not cause (e.g. placeholder drafts kept in the running state)."""
+
+    kind = "nocache_stale_read"
+
+
 class OutputDivergence(Finding):
     """(c) The same scenario with prefix caching off generated different tokens."""
 

@@ -30,6 +30,7 @@ class _Live:
     index: int
     truth: PrefixStates
     first_chunk_pending: bool = False
+    prefill_len: int = 0  # tokens at the last (re)admission: V2's `prefill_len`
 
 
 class _HashBook:
@@ -85,6 +86,7 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
         engine = engine.without_prefix_caching()
     num_blocks = engine.num_gpu_blocks or ample_pool_blocks(scenario)
     trace = Trace(split=split_name, prefix_caching=prefix_caching, step_bound=scenario.liveness_bound(),
+                  mixer=scenario.engine.mixer,
                   mamba_block_size=engine.mamba_block_size,
                   internal_checkpoints=engine.enable_prefix_caching and engine.num_prefill_checkpoint_blocks > 0)
     try:
@@ -96,6 +98,7 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
     except Exception as exc:  # vLLM failed to build a scheduler for a config it accepted
         trace.crash = Crash(type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", _vllm_frame(exc), -1)
         return trace
+    trace.runner = session.runner
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     runner = _Runner(scenario, session, trace, prefix_caching, time.monotonic() + timeout)
     use_alarm = timeout > 0 and threading.current_thread() is threading.main_thread()
@@ -134,7 +137,10 @@ class _Runner:
             drop_eagle_block=bool(getattr(sched, "use_eagle_block_drop", False)),
             null_block_id=session.null_block_id,
             vocab_size=VOCAB_SIZE,
-        ))
+            spec_engine=self.spec,
+            num_speculative_tokens=e.num_speculative_tokens,
+            align=prefix_caching,
+        ), runner=session.runner, mixer=scenario.engine.mixer, first_use=(session.allocated_blocks, session.reused_blocks))
         self.arrivals_at: dict[int, list[int]] = {}
         self.aborts_at: dict[int, list[str]] = {}
         for i, (rid, r) in enumerate(zip(self.ids, scenario.requests)):
@@ -146,6 +152,7 @@ class _Runner:
         # live requests not admitted yet, or preempted since: the only ones an admission can be
         self.unadmitted: set[str] = set()
         self.known_entries: set[tuple[bytes, int]] = set()
+        self.accepted_reset: set[str] = set()  # V1 forgot their accepted count; not scheduled since
         if session.connector is not None and prefix_caching:
             session.connector.plan = {
                 rid: ExternalHit(r.external_tokens, r.external_async)
@@ -227,12 +234,18 @@ class _Runner:
             self.trace.prefix_hit_tokens += start - ext
             self.unadmitted.discard(rid)
             self.live[rid].first_chunk_pending = True
+            self.live[rid].prefill_len = req.num_tokens
             if order is not None and not order.load_async:
                 self._connector_load(rec, rid, start)
 
         sampled: dict[str, list[int]] = {}
         if scheduled:
             self.trace.forward_steps += 1
+        if self.spec:  # accepted-token counts exist only in a spec-decode engine
+            self.accepted_reset.update(self.model.begin_step(scheduled))
+            for rid in self.accepted_reset.intersection(scheduled):
+                self.trace.after_accepted_reset.add((step, rid))
+                self.accepted_reset.discard(rid)
         for rid in scheduled:  # dict order is the batch order vLLM built
             sampled[rid] = self._run_row(rec, rid, scheduled[rid], spec_tokens.get(rid, []))
 
@@ -276,11 +289,12 @@ class _Runner:
         tokens = live.truth.tokens[start : start + base]  # a fresh list
         if drafts:
             tokens += drafts
-        if not self.prefix_caching:
-            return self._ideal_row(live, start, tokens, len(drafts), req)
         table = self.session.mamba_block_ids(rid)
-        spec_row = self.model.is_spec_row(self.spec, start, n, len(drafts), req.num_prompt_tokens)
+        spec_row = self.spec and self.model.is_spec_row(start, n, len(drafts), req.num_prompt_tokens,
+                                                        live.prefill_len or req.num_prompt_tokens)
         row = self.model.run_row(rid, table, start, tokens, len(drafts), spec_row, live.truth)
+        if spec_row:
+            self.trace.spec_rows.add((rec.step, rid))
         first = live.first_chunk_pending
         live.first_chunk_pending = False
         rec.chunks.append(Chunk(rid, start, n, len(drafts), row.read_column, row.read_block, row.read_state,
@@ -299,20 +313,6 @@ class _Runner:
                                                                        max(len(sampled), 1)):
                 rec.writes.append(SlotWrite(rid, col, block, state, cause))
         return sampled
-
-    def _ideal_row(self, live: _Live, start: int, tokens: list[int], num_drafts: int, req) -> list[int]:
-        """Prefix caching off: every row starts from the true state (one state per request)."""
-        base = len(tokens) - num_drafts
-        if start + base < req.num_tokens:
-            return []
-        state = live.truth.at(start + base)  # only the last real position and the drafts sample
-        outputs = [next_token(state, VOCAB_SIZE)]
-        for tok in tokens[base:]:
-            state = state.extend([tok])
-            outputs.append(next_token(state, VOCAB_SIZE))
-        if not num_drafts:
-            return [outputs[0]]
-        return self._accept(outputs, tokens[base:])
 
     @staticmethod
     def _accept(outputs: list[int], drafts: list[int]) -> list[int]:

@@ -1,22 +1,29 @@
 """The simulated model runner: which state each physical mamba block holds, step by step.
 
-Each rule mirrors one piece of vLLM's worker code (paths inside the installed `vllm`):
+The runner's row facts come from fuzz/runners.py (one class per vLLM model runner) and the
+row's kernel path from fuzz/mixers.py (one class per mixer family). This module applies them,
+and the worker-side rules both runners share (paths inside the installed `vllm`):
 
-- zeroing fresh blocks: `SchedulerOutput.new_block_ids_to_zero`, applied before anything else;
+- zeroing fresh blocks: `SchedulerOutput.new_block_ids_to_zero`, applied before anything else
+  (vLLM records attention blocks only: mamba blocks are never zeroed); a block nobody wrote
+  holds the zeros the KV cache was allocated with until the pool hands it out a second time;
 - copy-on-write: `SchedulerOutput.kv_cache_block_copies` (worker `_apply_kv_cache_block_copies`),
   applied after zeroing and before the forward;
-- running column: v1/worker/mamba_utils.py `preprocess_mamba`:
-  `curr = cdiv(num_computed + num_scheduled, block_size) - 1`;
-- pre-forward copy: `preprocess_mamba` (`get_temporal_copy_spec`): when the remembered column
-  `prev` (or `(num_computed - 1) // block_size` for a request the worker does not know) differs
-  from `curr`, copy `table[prev + num_accepted - 1]` into `table[curr]` and reset num_accepted to 1;
-- prefill / plain decode: the kernel starts from `table[curr]` (zeros when nothing is computed)
-  and writes only the final state back to `table[curr]` (e.g. qwen_gdn_linear_attn.py
-  `ssm_state[prefill_state_indices] = last_recurrent_state`); no state is stored at block
-  boundaries inside a chunk;
-- spec decode: starts from `table[curr + num_accepted - 1]` and stores the state after token t
-  into `table[curr + t]` (fla fused_sigmoid_gating kernel);
-- post-forward copy (spec decode only): mamba_utils.py `postprocess_mamba_fused_kernel`: when
+- running column (align mode): v1/worker/mamba_utils.py `preprocess_mamba` (V2:
+  `preprocess_mamba_align_fused_kernel`): `curr = cdiv(num_computed + num_scheduled, block_size) - 1`;
+  v1/attention/backends/utils.py `mamba_get_block_table_tensor` hands the kernels the columns
+  from there on. With prefix caching off (`mamba_cache_mode="none"`) the kernels get the
+  request's own 1 + k blocks from column 0 and no copies run;
+- pre-forward copy (align mode): when the remembered column `prev` (or `(num_computed - 1) //
+  block_size` for a request the worker does not know) differs from `curr`, copy
+  `table[prev + num_accepted - 1]` into `table[curr]` and reset num_accepted to 1 (V1
+  `preprocess_mamba`; V2 `precopy_mamba_align_fused_kernel`);
+- the forward: fuzz/mixers.py SPEC (read column `curr + num_accepted - 1`, store the state after
+  token t in column `curr + t`) or PREFILL (read `curr`, zeros when nothing is computed; store
+  only the final state, drafts included, in `curr`); no state is stored at block boundaries
+  inside a chunk;
+- post-forward copy (spec-decode engines, align mode): mamba_utils.py
+  `postprocess_mamba_fused_kernel` (V1 directly, V2 through `run_fused_postprocess_align`): when
   the accepted tokens cross a block boundary `aligned`, copy `table[curr + aligned - (c + 1)]`
   into `table[aligned // block_size - 1]`;
 - internal prefill checkpoint (mixers with `num_prefill_checkpoint_blocks`):
@@ -30,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from fuzz.mixers import SPEC, mixer_rules
+from fuzz.runners import RowFacts, runner_rules
 from fuzz.state import EMPTY, PrefixStates, State, next_token
 from fuzz.vllm_compat.api import get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid
 
@@ -50,6 +59,9 @@ class KernelGeometry:
     drop_eagle_block: bool
     null_block_id: int
     vocab_size: int
+    spec_engine: bool = False  # a speculative-decoding engine (MTP/EAGLE)
+    num_speculative_tokens: int = 0
+    align: bool = True  # mamba_cache_mode "align" (prefix caching on); False: "none"
 
 
 class RowResult(NamedTuple):
@@ -63,15 +75,24 @@ class RowResult(NamedTuple):
 
 
 class KernelModel:
-    def __init__(self, geometry: KernelGeometry):
+    def __init__(self, geometry: KernelGeometry, runner: str = "v1", mixer: str = "gdn",
+                 first_use: tuple[set[int], set[int]] | None = None):
+        """`first_use`, when given, is the pool's live (allocated, reused) block-id sets: a block
+        allocated once and never written still holds the cache's initial zeros."""
         self.g = geometry
+        self.runner = runner_rules(runner)
+        self.mixer = mixer_rules(mixer)
+        self.allocated, self.reused = first_use or (set(), set())
         self.held: dict[int, State] = {}
         self.dirty: set[int] = set()
         self._prev_column: dict[str, int] = {}  # worker's mamba_state_idx
         self._num_accepted: dict[str, int] = {}  # worker's num_accepted_tokens_cpu
 
     def state_of(self, block_id: int) -> State:
-        return self.held.get(block_id, UNSET)
+        state = self.held.get(block_id)
+        if state is None:  # never written: zeros on its first owner, else its last user's bytes
+            return ZEROED if block_id in self.allocated and block_id not in self.reused else UNSET
+        return state
 
     def _write(self, block_id: int, state: State) -> bool:
         if block_id <= self.g.null_block_id:
@@ -96,8 +117,10 @@ class KernelModel:
             self._write(b, ZEROED)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """CoW copies of every group (their sources are published blocks, so written ones for
+        the mamba group): what the model wrote is copied, nothing is inferred."""
         for src, dst in copies:
-            self._write(dst, self.state_of(src))
+            self._write(dst, self.held.get(src, UNSET))
 
     def load_external(self, table: list[int], num_tokens: int, state: State) -> int:
         """A connector load: the state after `num_tokens` lands in that position's column."""
@@ -106,18 +129,28 @@ class KernelModel:
         return table[column]
 
     # ---- one request's row --------------------------------------------------------
-    @staticmethod
-    def is_spec_row(spec_engine: bool, num_computed: int, num_scheduled: int, num_drafts: int,
-                    num_prompt_tokens: int) -> bool:
-        """Which rows the recurrent backends run on the speculative path (gpu_model_runner.py,
-        `num_decode_draft_tokens`): a row of exactly drafts + 1 tokens, and, in a spec-decode
-        engine, also a one-token decode that got no drafts (`zero_draft_decode_mask`), which
-        then starts from the accepted-token offset like any speculative row."""
-        if not spec_engine:
-            return False
-        if num_drafts > 0:
-            return num_scheduled == num_drafts + 1
-        return num_scheduled == 1 and num_computed >= num_prompt_tokens
+    def begin_step(self, scheduled: set[str] | dict[str, int]) -> list[str]:
+        """Before this step's rows: V1 forgets the accepted-token count of every request it did
+        not schedule (see runners.V1Runner), V2 keeps it. Returns the requests whose count
+        this changed (it was above 1)."""
+        reset = []
+        if self.runner.resets_accepted_when_unscheduled:
+            accepted = self._num_accepted
+            for rid, count in accepted.items():
+                if rid not in scheduled and count != 1:
+                    accepted[rid] = 1
+                    reset.append(rid)
+        return reset
+
+    def is_spec_row(self, num_computed: int, num_scheduled: int, num_drafts: int, num_prompt_tokens: int,
+                    prefill_len: int | None = None) -> bool:
+        """Whether this row runs the multi-token (SPEC) kernel: the runner's row facts
+        (fuzz/runners.py), classified by the mixer's metadata builder (fuzz/mixers.py)."""
+        g = self.g
+        facts = RowFacts(num_computed, num_scheduled, num_drafts, num_prompt_tokens,
+                         num_prompt_tokens if prefill_len is None else prefill_len)
+        inputs = self.runner.builder_inputs(facts, g.spec_engine, g.num_speculative_tokens)
+        return self.mixer.path(inputs, num_computed, num_scheduled, g.spec_engine, g.num_speculative_tokens) == SPEC
 
     def run_row(self, rid: str, table: list[int], num_computed: int, tokens: list[int], num_drafts: int,
                 spec_row: bool = False, truth: PrefixStates | None = None) -> RowResult:
@@ -135,17 +168,20 @@ class KernelModel:
 
         bs = self.g.block_size
         seq_len = num_computed + len(tokens)
-        curr = cdiv(seq_len, bs) - 1
-        prev = self._prev_column.get(rid, (num_computed - 1) // bs)
         accepted = self._num_accepted.get(rid, 1)
         writes: list[tuple[int, int, State, str]] = []
-        if prev != -1 and prev != curr:
-            src_col = prev + accepted - 1
-            state = self.state_of(table[src_col]) if 0 <= src_col < len(table) else UNSET
-            if self._write(table[curr], state):
-                writes.append((curr, table[curr], state, "precopy"))
-            accepted = 1
-        self._prev_column[rid] = curr
+        if self.g.align:
+            curr = cdiv(seq_len, bs) - 1
+            prev = self._prev_column.get(rid, (num_computed - 1) // bs)
+            if prev != -1 and prev != curr:
+                src_col = prev + accepted - 1
+                state = self.state_of(table[src_col]) if 0 <= src_col < len(table) else UNSET
+                if self._write(table[curr], state):
+                    writes.append((curr, table[curr], state, "precopy"))
+                accepted = 1
+            self._prev_column[rid] = curr
+        else:  # mamba_cache_mode "none": the request's own blocks, from column 0, no copies
+            curr = 0
         self._num_accepted[rid] = accepted
 
         if not spec_row:
@@ -160,12 +196,14 @@ class KernelModel:
                 for tok in tokens[len(tokens) - num_drafts - 1 :]:
                     final = final.extend([tok])
                     outputs.append(next_token(final, self.g.vocab_size))
-            if self._write(table[curr], final):
-                writes.append((curr, table[curr], final, "chunk-end"))
+            if self._write(table[curr], final):  # drafts included: the kernel cannot roll them back
+                writes.append((curr, table[curr], final, "chunk-end+drafts" if num_drafts else "chunk-end"))
             self._maybe_checkpoint(table, num_computed, seq_len, start, writes, through)
         else:
             read_col = curr + accepted - 1
             start = self.state_of(table[read_col]) if read_col < len(table) else UNSET
+            if start == ZEROED and num_computed == 0:
+                start = EMPTY  # no mask, but zeros are exactly the initial state
             state = start
             outputs = []
             for t, tok in enumerate(tokens):
@@ -197,7 +235,12 @@ class KernelModel:
     def postprocess_spec(self, rid: str, table: list[int], num_computed: int, num_scheduled: int,
                          num_drafts: int, num_accepted: int) -> list[tuple[int, int, State, str]]:
         """After a forward in a spec-decode engine (every row, as the fused kernel does): move
-        the state at a crossed block boundary into that boundary's own slot."""
+        the state at a crossed block boundary into that boundary's own slot. With prefix caching
+        off only the accepted-token count is kept (V1 `_update_states_after_model_execute`, V2
+        `postprocess_state`)."""
+        if not self.g.align:
+            self._num_accepted[rid] = num_accepted
+            return []
         bs = self.g.block_size
         src = self._prev_column[rid]
         resolved = num_computed + num_scheduled - num_drafts  # tokens whose state is in table[src]

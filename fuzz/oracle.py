@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 from fuzz.findings import (
     Finding,
     Inefficiency,
+    NocacheStaleRead,
     OutputDivergence,
     ResumeStateMismatch,
     SlotHashMismatch,
     StaleStateRead,
     Stall,
+    UninitRead,
     VllmCrash,
 )
 from fuzz.state import State
@@ -75,26 +77,97 @@ def check_slot_hashes(trace: Trace) -> Finding | None:
     return None
 
 
-def check_reads(trace: Trace) -> Finding | None:
+def wrong_reads(trace: Trace | None) -> set[tuple[str, int]]:
+    """(request, start) of every row in `trace` that started from a state not its own."""
+    if trace is None:
+        return set()
+    return {(c.request_id, c.start) for rec in trace.steps for c in rec.chunks if c.read_state != c.true_state}
+
+
+KEPT_DRAFTS = "chunk-end+drafts"  # a prefill-kernel row stored its state after its draft positions
+
+
+def _read_finding(step: int, c, shared: bool, nocache: bool = False, cause: str = "",
+                  after_reset: bool = False) -> Finding:
+    """The finding for one row `c` that started from a wrong state. `shared`: the other run
+    (prefix caching on vs off) started the same row from a wrong state too; `nocache`: `c` is
+    a row of the run with prefix caching off; `cause`: the last write to the block it read.
+
+    A state left by a prefill-kernel row that kept its draft positions is the runner's doing in
+    either cache mode (the row classification ignores the mode), so it gets one signature,
+    whichever run's schedule happened to show it."""
+    rel = _relation(c.read_state, c.true_state)
+    if after_reset and c.start > 0:
+        return NocacheStaleRead(
+            f"step {step}: {c.request_id} ran tokens {c.start}..{c.end} from block {c.read_block} "
+            f"(column {c.read_column}) holding {c.read_state}, expected {c.true_state} ({rel}): its first row "
+            f"after V1 re-added it with an accepted-token count of 1{' (prefix caching off)' if nocache else ''}",
+            location=f"{rel}/accepted-reset", step=step, request_id=c.request_id,
+        )
+    if cause == KEPT_DRAFTS and c.start > 0:
+        return NocacheStaleRead(
+            f"step {step}: {c.request_id} ran tokens {c.start}..{c.end} from block {c.read_block} "
+            f"(column {c.read_column}) holding {c.read_state}, expected {c.true_state} ({rel}): a prefill-kernel "
+            f"row stored the state after its draft positions{' (prefix caching off)' if nocache else ''}",
+            location=f"{rel}/prefill-kept-drafts", step=step, request_id=c.request_id,
+        )
+    held = (f"{c.read_state}: bytes no modelled kernel of this group wrote, left by the block's "
+            "earlier user (another KV-cache group or request)" if c.read_state.num_tokens < -1 else str(c.read_state))
+    where = f"from block {c.read_block} (column {c.read_column}) holding {held}"
+    prefix = "nocache-" if nocache else ""
+    if c.start == 0:  # with nothing computed no prefix-cache entry is involved, whichever run shows it
+        return UninitRead(
+            f"step {step}: {c.request_id} ran tokens 0..{c.end} with nothing computed {where}, not from zeros"
+            f"{'; prefix caching off does the same' if shared else ''}{' (prefix caching off)' if nocache else ''}",
+            location="from-empty",  # the runner's row classification, in either cache mode: one signature
+            step=step, request_id=c.request_id,
+        )
+    if shared or nocache:
+        return NocacheStaleRead(
+            f"step {step}: {c.request_id} ran tokens {c.start}..{c.end} {where}, expected {c.true_state} ({rel})"
+            f"{'; prefix caching off does the same' if shared else ''}",
+            location=prefix + rel, step=step, request_id=c.request_id,
+        )
+    if c.resumed_from_hit:
+        return ResumeStateMismatch(
+            f"step {step}: {c.request_id} resumed at {c.start} tokens {where}, not its own {c.true_state} ({rel})",
+            location=rel, step=step, request_id=c.request_id,
+        )
+    return StaleStateRead(
+        f"step {step}: {c.request_id} ran tokens {c.start}..{c.end} {where}, expected {c.true_state} ({rel})",
+        location=rel, step=step, request_id=c.request_id,
+    )
+
+
+def check_reads(trace: Trace, uncached: Trace | None = None) -> Finding | None:
     """(b) Every row starts from the true state of the request's own computed prefix; on the
-    first row after a prefix or connector hit this is the resume check."""
+    first row after a prefix or connector hit this is the resume check.
+
+    A row with nothing computed that reads its block is `uninit_read`; a wrong read that the
+    run with prefix caching off (`uncached`: the same runner in mamba_cache_mode "none") makes
+    on the same row is `nocache_stale_read`. Neither is prefix-cache poisoning."""
+    shared = wrong_reads(uncached)
     for rec in trace.steps:
         for c in rec.chunks:
-            if c.read_state == c.true_state:
-                continue
-            rel = _relation(c.read_state, c.true_state)
-            if c.resumed_from_hit:
-                return ResumeStateMismatch(
-                    f"step {rec.step}: {c.request_id} resumed at {c.start} tokens from block {c.read_block} "
-                    f"(column {c.read_column}) holding {c.read_state}, not its own {c.true_state} ({rel})",
-                    location=rel, step=rec.step, request_id=c.request_id,
-                )
-            return StaleStateRead(
-                f"step {rec.step}: {c.request_id} ran tokens {c.start}..{c.end} from block {c.read_block} "
-                f"(column {c.read_column}) holding {c.read_state}, expected {c.true_state} ({rel})",
-                # Nothing computed yet: whatever the block held is beside the point.
-                location="from-empty" if c.start == 0 else rel, step=rec.step, request_id=c.request_id,
-            )
+            if c.read_state != c.true_state:
+                cause = last_write(trace, c.read_block, rec.step - 1)[1]
+                return _read_finding(rec.step, c, (c.request_id, c.start) in shared, cause=cause,
+                                     after_reset=(rec.step, c.request_id) in trace.after_accepted_reset)
+    return None
+
+
+def check_nocache_reads(uncached: Trace, cached: Trace) -> Finding | None:
+    """Wrong reads of the run with prefix caching off that the cached run does not share (the
+    shared ones are judged on the cached run): a bug of the runner in mamba_cache_mode "none"."""
+    own = wrong_reads(cached)
+    for rec in uncached.steps:
+        for c in rec.chunks:
+            if c.read_state != c.true_state and (c.request_id, c.start) not in own:
+                cause = last_write(uncached, c.read_block, rec.step - 1)[1]
+                finding = _read_finding(rec.step, c, False, nocache=True, cause=cause,
+                                        after_reset=(rec.step, c.request_id) in uncached.after_accepted_reset)
+                finding.message = "prefix caching off: " + finding.message
+                return finding
     return None
 
 
@@ -121,10 +194,30 @@ def check_crash(trace: Trace) -> Finding | None:
                      location=f"{c.exc_type}@{frame}", step=c.step)
 
 
+def runner_caused_reads(trace: Trace) -> set[str]:
+    """Requests with a wrong read that the model runner causes in either cache mode: nothing
+    computed (uninit), a state a prefill row left with its drafts, or V1's accepted-count reset."""
+    out = set()
+    for rec in trace.steps:
+        for c in rec.chunks:
+            if c.read_state != c.true_state and (
+                    c.start == 0 or (rec.step, c.request_id) in trace.after_accepted_reset
+                    or last_write(trace, c.read_block, rec.step - 1)[1] == KEPT_DRAFTS):
+                out.add(c.request_id)
+    return out
+
+
 def check_outputs(cached: Trace, uncached: Trace) -> Finding | None:
-    """(c) Prefix caching must not change what any request generates (aborted ones excepted)."""
+    """(c) Prefix caching must not change what any request generates (aborted ones excepted,
+    and ones whose run with prefix caching off read a wrong state itself, or whose cached run
+    read one the runner causes in either mode: those reads are findings of their own)."""
+    broken = {rid for rid, _ in wrong_reads(uncached)}
+    if wrong_reads(cached):
+        broken |= runner_caused_reads(cached)
     for rid, tokens in cached.outputs.items():
         if cached.finish_status.get(rid) == "FINISHED_ABORTED" or uncached.finish_status.get(rid) == "FINISHED_ABORTED":
+            continue
+        if rid in broken:
             continue
         other = uncached.outputs.get(rid)
         if other is None or other == tokens:
@@ -176,7 +269,9 @@ def judge(cached: Trace, uncached: Trace | None = None, reference: Trace | None 
     verdict = Verdict()
     # The state checks are ordered by step: the earliest wrong state is the root cause, and
     # its signature is the one a finding is filed and deduplicated under.
-    state_checks = [f for f in (check_slot_hashes(cached), check_reads(cached)) if f is not None]
+    nocache_reads = check_nocache_reads(uncached, cached) if uncached is not None else None
+    state_checks = [f for f in (check_slot_hashes(cached), check_reads(cached, uncached), nocache_reads)
+                    if f is not None]
     state_checks.sort(key=lambda f: f.step if f.step is not None else 1 << 30)
     checks = [check_crash(cached), *state_checks]
     if uncached is not None and cached.crash is None and uncached.crash is None and not uncached.unfinished:

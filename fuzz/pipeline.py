@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fuzz import harness, oracle, patching, splits
-from fuzz.scenario import Scenario
+from fuzz.scenario import Scenario, with_runner
 from fuzz.trace import Trace
 
 
@@ -20,11 +20,13 @@ class Evaluation:
 
 def evaluate(scenario: Scenario, split: str = "fixed", differential: bool = True,
              efficiency: bool = True, strict_efficiency: bool = False,
-             patches: Sequence[patching.Patch] = ()) -> Evaluation:
+             patches: Sequence[patching.Patch] = (), runner: str | None = None) -> Evaluation:
     """Run `scenario` under `split` and judge it.  `differential` adds the prefix-caching-off
-    run; `efficiency` adds a run of the installed split as the reference (skipped for fixed).
-    `patches` (candidate fixes) are applied to vLLM for the split's runs and restored after;
-    the reference runs the installed vLLM as it is."""
+    run (same model runner, mamba_cache_mode "none"); `efficiency` adds a run of the installed
+    split as the reference (skipped for fixed).  `patches` (candidate fixes) are applied to vLLM
+    for the split's runs and restored after; the reference runs the installed vLLM as it is.
+    `runner` overrides the scenario's model runner."""
+    scenario = with_runner(scenario, runner)
     fn = splits.resolve(split)
     label = f"{split}+{len(patches)} patch(es)" if patches else split
     with patching.applied(patches):

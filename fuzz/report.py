@@ -27,7 +27,9 @@ def describe(path: str, split: str, ev, expected: str | None) -> dict[str, Any]:
 
 def step_table(trace: Trace) -> str:
     """One block per step: arrivals/admissions, each chunk, slot writes, newly hashed blocks."""
-    lines = [f"{'step':>4}  {'what':<10} detail"]
+    lines = [f"model runner {trace.runner or '?'}, mixer {trace.mixer or '?'}, prefix caching "
+             f"{'on (mamba_cache_mode align)' if trace.prefix_caching else 'off (mamba_cache_mode none)'}",
+             f"{'step':>4}  {'what':<10} detail"]
     for rec in trace.steps:
         rows: list[tuple[str, str]] = []
         if rec.arrivals:
@@ -40,7 +42,10 @@ def step_table(trace: Trace) -> str:
         for c in rec.chunks:
             drafts = f" (+{c.num_drafts} drafts)" if c.num_drafts else ""
             mark = "" if c.read_state == c.true_state else f"  <-- expected {c.true_state}"
-            rows.append(("chunk", f"{c.request_id} {c.start}->{c.end}{drafts} reads slot {c.read_column} "
+            path = ""  # which kernel ran the row; only a spec-decode engine has two to choose from
+            if trace.spec_rows:
+                path = " [spec kernel]" if (rec.step, c.request_id) in trace.spec_rows else " [prefill kernel]"
+            rows.append(("chunk", f"{c.request_id} {c.start}->{c.end}{drafts}{path} reads slot {c.read_column} "
                                   f"(block {c.read_block}) {c.read_state}{mark}"))
         for w in rec.writes:
             who = "" if w.request_id == "-" else f"{w.request_id} "

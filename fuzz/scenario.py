@@ -24,6 +24,7 @@ FORMAT_VERSION = 1
 VOCAB_SIZE = 1024
 
 SPEC_METHODS = ("none", "mtp")
+RUNNERS = ("v1", "v2")  # vLLM's GPU model runners (fuzz/runners.py)
 
 # Hard ceilings that keep one scenario cheap; the decoder and validation share them.
 MAX_REQUESTS = 16
@@ -100,6 +101,10 @@ class EngineConfig:
     enable_mamba_shared_prefix_checkpoint: bool = knob(False, kind="bool", simplest=False, uncached=False)
     prefix_cache_retention_interval: int | None = knob(0, kind="int", lo=0, hi=1 << 20, optional=True, simplest=0)
     enable_prefix_caching: bool = knob(True, kind="bool", simplest=True, uncached=False, generate=False)
+    # "v1" | "v2"; None: what vLLM picks on a CUDA host (vllm_bridge.default_runner).  Not drawn:
+    # the campaign's --runner (or vLLM's default) decides it.
+    runner: str | None = knob(None, kind="choice", choices=RUNNERS, optional=True, simplest=None, build_key=False,
+                              generate=False)
 
     def without_prefix_caching(self) -> EngineConfig:
         """The same engine with prefix caching off: the differential's twin."""
@@ -114,6 +119,12 @@ class EngineConfig:
     @property
     def uses_spec_decode(self) -> bool:
         return self.spec_method != "none" and self.num_speculative_tokens > 0
+
+    @property
+    def mixer(self) -> str:
+        """The mixer family the config stands for: only Mamba2-style mixers declare internal
+        prefill checkpoints (`MambaMixer2.get_kv_cache_spec`); GDN declares none."""
+        return "mamba2" if self.num_prefill_checkpoint_blocks else "gdn"
 
 
 @dataclass
@@ -298,8 +309,9 @@ def validate(s: Scenario) -> list[str]:
             _check_int(p, f"engine.{name}", value, k.lo, k.hi, optional=k.optional)
         elif k.kind == "bool" and not isinstance(value, bool):
             p.append(f"engine.{name} must be true or false")
-        elif k.kind == "choice" and value not in k.choices:
-            p.append(f"engine.{name} must be one of {', '.join(k.choices)}, got {value!r}")
+        elif k.kind == "choice" and value not in k.choices and not (value is None and k.optional):
+            either = "null or one of" if k.optional else "one of"
+            p.append(f"engine.{name} must be {either} {', '.join(k.choices)}, got {value!r}")
     _check_int(p, "token_seed", s.token_seed, 0, (1 << 63) - 1)
     if p:
         return p  # the arithmetic below needs well-typed numbers
@@ -398,6 +410,15 @@ def blocks_for_request(e: EngineConfig, num_tokens: int) -> int:
 def min_pool_blocks(s: Scenario) -> int:
     longest = max((s.prompt_len(i) + r.max_tokens for i, r in enumerate(s.requests)), default=1)
     return blocks_for_request(s.engine, longest + s.engine.num_speculative_tokens + 1)
+
+
+def with_runner(s: Scenario, runner: str | None) -> Scenario:
+    """`s` under another model runner (None: keep the scenario's own)."""
+    if runner is None or runner == s.engine.runner:
+        return s
+    if runner not in RUNNERS:
+        raise ScenarioError([f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}"])
+    return dataclasses.replace(s, engine=dataclasses.replace(s.engine, runner=runner))
 
 
 def ample_pool_blocks(s: Scenario) -> int:

@@ -70,6 +70,7 @@ class CampaignConfig:
     stats_file: Path | None = None  # CSV of the status lines: the coverage-over-time data
     patches: list[str] = field(default_factory=list)  # --patch specs every worker applies
     known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: apply these bugs' fixes
+    runner: str | None = None  # --runner: the model runner every scenario is run on
 
 
 @dataclass
@@ -98,7 +99,7 @@ def worker_config(cfg: CampaignConfig, job: int) -> WorkerConfig:
     base = WorkerConfig(split=cfg.split, findings=str(cfg.findings), generator=cfg.generator,
                         stop_on_first=cfg.stop_on_first, minimize_budget=cfg.minimize_budget,
                         known_dirs=[str(d) for d in cfg.known_dirs], patches=list(cfg.patches),
-                        known_fix_dirs=list(cfg.known_fix_dirs))
+                        known_fix_dirs=list(cfg.known_fix_dirs), runner=cfg.runner)
     if cfg.generator != "random":
         return base
     base.seed = cfg.seed + job

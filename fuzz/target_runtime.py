@@ -16,7 +16,7 @@ from pathlib import Path
 from fuzz.finding_store import Filed, FindingStore, known_signatures
 from fuzz.inputs import decode_input
 from fuzz.pipeline import evaluate
-from fuzz.scenario import Scenario, ScenarioError
+from fuzz.scenario import Scenario, ScenarioError, with_runner
 from fuzz.worker_protocol import WorkerConfig, emit
 
 STATUS_EVERY = 3.0
@@ -29,9 +29,10 @@ class Runtime:
         apply_worker_patches(config.patches, config.known_fix_dirs)
         self.config = config
         self.split = config.split
+        self.runner = config.runner  # applied to every scenario, so a filed finding replays on the same runner
         self.generator = config.generator
         self.stop_on_first = config.stop_on_first
-        known = known_signatures([Path(d) for d in config.known_dirs], config.split)
+        known = known_signatures([Path(d) for d in config.known_dirs], config.split, config.runner)
         self.store = FindingStore(Path(config.findings), config.split, known=known,
                                   minimize_budget=config.minimize_budget, announce=False)
         self.decoder = config.decoder
@@ -51,6 +52,7 @@ class Runtime:
         """Evaluate once; file a finding if any.  Returns True when a new finding was filed."""
         self.execs += 1
         try:
+            scenario = with_runner(scenario, self.runner)
             v = evaluate(scenario, self.split, efficiency=False).verdict
         except ScenarioError:
             self.rejected += 1

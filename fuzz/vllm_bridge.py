@@ -160,6 +160,15 @@ def vllm_config_for(e: EngineConfig, max_model_len: int) -> VllmConfig:
     return vc
 
 
+def default_runner(vc: VllmConfig) -> str:
+    """The model runner vLLM 0.32 runs this config with on a CUDA host: `VllmConfig.
+    use_v2_model_runner` picks V2 unless `_get_v2_model_runner_unsupported_features` names
+    something (MTP is not named). Mirrored, because the property itself answers V1 on this
+    CPU build for a reason a CUDA host does not have (no Triton); VLLM_USE_V2_MODEL_RUNNER is
+    not consulted: a scenario that wants V1 says `runner: "v1"`."""
+    return "v1" if vc._get_v2_model_runner_unsupported_features() else "v2"
+
+
 def _checked_config(e: EngineConfig, max_model_len: int) -> VllmConfig:
     if e.enable_prefix_caching and e.num_prefill_checkpoint_blocks and not PREFILL_CHECKPOINTS:
         raise ConfigRejected(f"cannot run on {VLLM}: no prefill-checkpoint rule "
@@ -194,15 +203,20 @@ def _kv_cache_groups(attn_block: int, mamba_block: int, caching: bool, spec_bloc
     return tuple(get_kv_cache_groups_uniform_page_size({ATTN_LAYER: attn, **dict.fromkeys(MAMBA_LAYERS, mamba)}))
 
 
-def kv_cache_config_for(e: EngineConfig, num_blocks: int) -> KVCacheConfig:
-    groups = list(_kv_cache_groups(e.attn_block_size, e.mamba_block_size, e.enable_prefix_caching,
+def kv_cache_config_for(e: EngineConfig, num_blocks: int, max_model_len: int) -> KVCacheConfig:
+    # With prefix caching off a real engine sets the mamba block to max_model_len
+    # (model_executor/models/config.py, HybridAttentionMambaModelConfig): one running state per
+    # request plus its speculative blocks, never a table that grows per block.
+    mamba_block = e.mamba_block_size if e.enable_prefix_caching else max_model_len
+    groups = list(_kv_cache_groups(e.attn_block_size, mamba_block, e.enable_prefix_caching,
                                    e.num_speculative_tokens if e.uses_spec_decode else 0,
                                    e.num_prefill_checkpoint_blocks, e.prefill_checkpoint_alignment))
     # vLLM's KV-cache utilities copy the retention interval from CacheConfig into KVCacheConfig, and the
     # coordinator reads it only from there: without it every run would use dense retention.
     return KVCacheConfig(**features.fit_kwargs(KVCacheConfig, dict(
         num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
-        prefix_cache_retention_interval=e.prefix_cache_retention_interval), OFF_VALUES, VLLM))
+        prefix_cache_retention_interval=e.prefix_cache_retention_interval if e.enable_prefix_caching else 0),
+        OFF_VALUES, VLLM))
 
 
 @dataclass(frozen=True)
@@ -222,7 +236,7 @@ class SchedulerSession:
         vc = _checked_config(engine, max_model_len)
         vc.cache_config.num_gpu_blocks = num_blocks
         try:
-            kv_cache_config = kv_cache_config_for(engine, num_blocks)
+            kv_cache_config = kv_cache_config_for(engine, num_blocks, max_model_len)
         except features.FeatureAbsent as exc:
             raise ConfigRejected(f"cannot run: {exc}") from None
         try:  # the engine core resolves both sizes this way before building its scheduler
@@ -238,6 +252,10 @@ class SchedulerSession:
         )
         if split is not None:  # wrapped by any active fix of the split (fuzz.patching)
             setattr(self.scheduler, SPLIT_METHOD, types.MethodType(patching.wrap_split(split), self.scheduler))
+        self.runner = engine.runner or default_runner(vc)
+        # The scheduler reads the flag at start-up; it changes only how SchedulerOutput hands
+        # resumed requests to the worker (as new requests under V2), not what is scheduled.
+        self.scheduler.use_v2_model_runner = self.runner == "v2"
         self.hash_block_size = hash_block_size
         self.mamba_block_size = engine.mamba_block_size
         managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
@@ -247,12 +265,34 @@ class SchedulerSession:
         self.cache_hit_alignment_tokens: int = getattr(self._mamba_manager, "cache_hit_alignment_tokens", block_size)
         self.block_pool = self.scheduler.kv_cache_manager.block_pool
         self.null_block_id = self.block_pool.null_block.block_id
+        self.allocated_blocks: set[int] = set()  # ever handed out by the pool
+        self.reused_blocks: set[int] = set()  # handed out more than once: no longer the cache's initial zeros
+        self._watch_reuse()
         self._mamba_key_suffix = bytes(make_block_hash_with_group_id(b"", self.mamba_group))
         self.connector = self.scheduler.connector
         self._block_hasher = get_request_block_hasher(hash_block_size, sha256)
         # Our own references: vLLM drops finished requests from `scheduler.requests` inside
         # update_from_output, before their last sampled token could be read back.
         self._requests: dict[str, Request] = {}
+
+    def _watch_reuse(self) -> None:
+        """Record every block the pool hands out a second time. The worker allocates the whole
+        KV cache zeroed (v1/worker/utils.py `allocate_kv_cache`: torch.zeros) and all groups
+        share it, so a block on its first owner holds zeros until written; a block any group
+        used before holds that group's bytes (mamba blocks are never zeroed on reuse)."""
+        pool_get = self.block_pool.get_new_blocks
+        ever, reused = self.allocated_blocks, self.reused_blocks
+
+        def get_new_blocks(num_blocks: int) -> list[KVCacheBlock]:
+            blocks = pool_get(num_blocks)
+            for b in blocks:
+                if b.block_id in ever:
+                    reused.add(b.block_id)
+                else:
+                    ever.add(b.block_id)
+            return blocks
+
+        self.block_pool.get_new_blocks = get_new_blocks
 
     # ---- driving ----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: list[int], max_tokens: int, arrival: float) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.corpus import load_case
+from fuzz.corpus import load_case, split_key
 from fuzz.pipeline import evaluate as _evaluate
 from fuzz.scenario import ScenarioError
 from fuzz.vllm_compat import VllmUnsupported
@@ -16,7 +16,15 @@ ROOT = Path(__file__).resolve().parent.parent
 REGRESSION_DIR = Path(__import__("os").environ.get("MAMBAFUZZ_REGRESSIONS", ROOT / "corpus" / "regressions"))
 SEEDS = sorted((ROOT / "corpus" / "seeds").glob("*.json"))
 UPSTREAM = sorted((ROOT / "corpus" / "upstream").rglob("*.json"))  # corpus/upstream/<finding>/*.json
-REGRESSIONS = [(p, split) for p in sorted(REGRESSION_DIR.glob("*.json")) for split in load_case(p).expected]
+# (file, expected-table key): a key is a split (every model runner: both are replayed) or split@runner
+REGRESSIONS = [(p, key) for p in sorted(REGRESSION_DIR.glob("*.json")) for key in load_case(p).expected]
+RUNNERS = ("v1", "v2")
+
+
+def _runs(key: str) -> list[tuple[str, str]]:
+    """(split, runner) pairs an expected-table key stands for."""
+    split, runner = split_key(key)
+    return [(split, r) for r in ((runner,) if runner else RUNNERS)]
 
 
 @pytest.mark.parametrize("path", SEEDS, ids=[p.stem for p in SEEDS])
@@ -25,19 +33,23 @@ def test_seed_is_clean_on_fixed(path):
     assert v.clean, v.primary.message
 
 
-@pytest.mark.parametrize("path, split", REGRESSIONS, ids=[f"{p.stem}[{s}]" for p, s in REGRESSIONS])
-def test_regression_case_gives_its_expected_verdict(path, split):
+@pytest.mark.parametrize("path, key", REGRESSIONS, ids=[f"{p.stem}[{k}]" for p, k in REGRESSIONS])
+def test_regression_case_gives_its_expected_verdict(path, key):
     case = load_case(path)
-    v = evaluate(case.scenario, split, efficiency=False).verdict
-    detail = v.primary.message if v.primary else "no finding"
-    assert v.kind == case.expected[split], f"{path.name} under {split}: expected {case.expected[split]}, got {v.kind}: {detail}"
+    for split, runner in _runs(key):
+        v = evaluate(case.scenario, split, efficiency=False, runner=runner).verdict
+        detail = v.primary.message if v.primary else "no finding"
+        assert v.kind == case.expected[key], (f"{path.name} under {split} on runner {runner}: expected "
+                                              f"{case.expected[key]}, got {v.kind}: {detail}")
 
 
 @pytest.mark.parametrize("path", UPSTREAM, ids=[p.stem for p in UPSTREAM])
 def test_upstream_case_still_shows_its_behaviour(path):
     case = load_case(path)
-    for split, kind in case.expected.items():
-        assert evaluate(case.scenario, split, efficiency=False).verdict.kind == kind
+    for key, kind in case.expected.items():
+        for split, runner in _runs(key):
+            got = evaluate(case.scenario, split, efficiency=False, runner=runner).verdict.kind
+            assert got == kind, f"{path.name} under {split} on runner {runner}: expected {kind}, got {got}"
 
 
 def evaluate(scenario, split, **kwargs):
@@ -52,7 +64,16 @@ def evaluate(scenario, split, **kwargs):
         pytest.skip(str(exc))
 
 
-@pytest.mark.parametrize("path", UPSTREAM, ids=[p.stem for p in UPSTREAM])
+UPSTREAM_FIXED = [p for p in UPSTREAM if (p.parent / "fix.py").is_file()]
+
+
+def test_every_upstream_finding_has_a_candidate_fix_or_says_why_not():
+    for finding in sorted({p.parent for p in UPSTREAM}):
+        readme = finding / "README.md"
+        assert (finding / "fix.py").is_file() or "No candidate fix" in readme.read_text(), finding.name
+
+
+@pytest.mark.parametrize("path", UPSTREAM_FIXED, ids=[p.stem for p in UPSTREAM_FIXED])
 def test_upstream_case_is_clean_under_its_candidate_fix(path):
     from fuzz import patching
 

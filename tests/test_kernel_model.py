@@ -7,11 +7,11 @@ TOKENS = list(range(1, 30))
 TRUTH = PrefixStates(TOKENS)
 
 
-def model(**kw):
+def model(runner="v1", mixer="gdn", **kw):
     g = dict(block_size=4, hash_block_size=4, checkpoint_alignment=None, cache_hit_alignment_tokens=4,
              drop_eagle_block=False, null_block_id=0, vocab_size=1024)
     g.update(kw)
-    return KernelModel(KernelGeometry(**g))
+    return KernelModel(KernelGeometry(**g), runner=runner, mixer=mixer)
 
 
 def test_chunk_end_write_only_no_boundary_states_inside_a_chunk():
@@ -83,10 +83,11 @@ def test_checkpoint_rule_writes_the_aligned_position_one_column_back():
 def test_a_zero_draft_decode_in_a_spec_engine_runs_on_the_speculative_path():
     """gpu_model_runner.py `zero_draft_decode_mask`: a one-token decode with no drafts still
     starts from the accepted-token offset (found by the long fuzz run on `fixed`)."""
-    assert KernelModel.is_spec_row(True, num_computed=4, num_scheduled=1, num_drafts=0, num_prompt_tokens=1)
-    assert not KernelModel.is_spec_row(False, 4, 1, 0, 1)
-    assert not KernelModel.is_spec_row(True, 0, 1, 0, 1)  # the prompt's own token
-    assert KernelModel.is_spec_row(True, 0, 2, 1, 1)  # a padded one-token prompt
+    spec = model(spec_engine=True, num_speculative_tokens=1)
+    assert spec.is_spec_row(num_computed=4, num_scheduled=1, num_drafts=0, num_prompt_tokens=1)
+    assert not model().is_spec_row(4, 1, 0, 1)
+    assert not spec.is_spec_row(0, 1, 0, 1)  # the prompt's own token
+    assert spec.is_spec_row(0, 2, 1, 1)  # a padded one-token prompt (V1)
     m = model()
     table = [51, 52, 53]
     m.held[51], m.held[52] = TRUTH.at(3), TRUTH.at(4)

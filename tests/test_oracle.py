@@ -3,11 +3,13 @@
 from fuzz import oracle
 from fuzz.findings import (
     Inefficiency,
+    NocacheStaleRead,
     OutputDivergence,
     ResumeStateMismatch,
     SlotHashMismatch,
     StaleStateRead,
     Stall,
+    UninitRead,
     VllmCrash,
 )
 from fuzz.state import EMPTY, PrefixStates
@@ -111,3 +113,56 @@ def test_efficiency_is_report_only_unless_strict():
     v = oracle.judge(cand, reference=ref)
     assert v.clean and isinstance(v.reports[0], Inefficiency)
     assert not oracle.judge(cand, reference=ref, strict_efficiency=True).clean
+
+
+def test_reads_the_uncached_run_shares_are_runner_bugs_not_prefix_cache_poisoning():
+    """A row with nothing computed that reads its block is uninit_read; a wrong read the
+    mamba_cache_mode none run makes on the same row is nocache_stale_read; one only that run
+    makes is filed with a nocache- location; and output_divergence skips such requests."""
+    garbage = EMPTY.extend([99] * 3)
+
+    def with_read(start, state):
+        t = clean_trace()
+        t.steps[1].chunks = [chunk(start, 4, read_state=state)]
+        return t
+
+    cached, uncached = with_read(0, garbage), with_read(0, garbage)
+    f = oracle.check_reads(cached, uncached)
+    assert isinstance(f, UninitRead) and f.signature == "uninit_read:from-empty"
+    assert oracle.check_reads(cached, clean_trace()).signature == "uninit_read:from-empty"
+    assert oracle.check_nocache_reads(uncached, clean_trace()).signature == "uninit_read:from-empty"
+    cached, uncached = with_read(16, TRUTH.at(17)), with_read(16, TRUTH.at(17))
+    f = oracle.check_reads(cached, uncached)
+    assert isinstance(f, NocacheStaleRead) and f.signature == "nocache_stale_read:long"
+    assert isinstance(oracle.check_reads(cached, clean_trace()), StaleStateRead)
+    f = oracle.check_nocache_reads(uncached, clean_trace())
+    assert f.signature == "nocache_stale_read:nocache-long" and f.message.startswith("prefix caching off: ")
+    assert oracle.check_nocache_reads(uncached, cached) is None  # judged on the cached run instead
+    uncached.outputs = {"r0": [5, 9]}
+    assert oracle.check_outputs(clean_trace(), uncached) is None
+    assert oracle.judge(clean_trace(), uncached).kind == "nocache_stale_read"
+
+
+def test_a_state_left_by_a_prefill_row_that_kept_its_drafts_has_one_signature_in_either_run():
+    """A prefill-kernel row with drafts stores the state after them (cause chunk-end+drafts); the
+    next row that reads it is the runner's doing, whether or not the uncached schedule shows it."""
+    t = clean_trace()
+    t.steps[0].writes = [SlotWrite("r0", 0, 7, TRUTH.at(17), "chunk-end+drafts")]
+    t.steps[1].chunks = [chunk(16, 4, read_state=TRUTH.at(17))]
+    f = oracle.check_reads(t, clean_trace())
+    assert isinstance(f, NocacheStaleRead) and f.signature == "nocache_stale_read:long/prefill-kept-drafts"
+    assert oracle.check_nocache_reads(t, clean_trace()).signature == f.signature
+    t.steps[0].writes = [SlotWrite("r0", 0, 7, TRUTH.at(17), "chunk-end")]
+    assert isinstance(oracle.check_reads(t, clean_trace()), StaleStateRead)
+
+
+def test_the_first_row_after_v1_reset_an_accepted_count_is_the_runners_doing():
+    t = clean_trace()
+    t.steps[1].chunks = [chunk(16, 4, read_state=TRUTH.at(15))]
+    assert isinstance(oracle.check_reads(t, clean_trace()), StaleStateRead)
+    t.after_accepted_reset = {(1, "r0")}
+    f = oracle.check_reads(t, clean_trace())
+    assert isinstance(f, NocacheStaleRead) and f.signature == "nocache_stale_read:short/accepted-reset"
+    other = clean_trace()
+    other.outputs = {"r0": [5, 9]}
+    assert oracle.check_outputs(t, other) is None  # explained by the read, not by prefix caching

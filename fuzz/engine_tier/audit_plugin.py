@@ -90,6 +90,7 @@ class SchedulerAudit:
     # spec-decode rows of the step: rid -> (start, n, drafts, {group: block table at schedule time})
     spec_rows: dict[str, tuple[int, int, int, dict[int, list[int]]]] = field(default_factory=dict)
     external_loads: set[str] = field(default_factory=set)  # admitted with connector tokens, not yet run
+    prefill_len: dict[str, int] = field(default_factory=dict)  # tokens at the last (re)admission (V2)
 
     @property
     def count(self) -> int:
@@ -228,6 +229,9 @@ def _new_audit(sched: Any) -> SchedulerAudit | None:
     managers = sched.kv_cache_manager.coordinator.single_type_managers
     null_id = sched.kv_cache_manager.block_pool.null_block.block_id
     models = {}
+    spec_config = sched.vllm_config.speculative_config
+    num_spec = (spec_config.num_speculative_tokens or 0) if spec_config is not None else 0
+    runner = "v2" if getattr(sched, "use_v2_model_runner", False) else "v1"
     for gid, spec in groups.items():
         checkpoints = getattr(spec, "num_prefill_checkpoint_blocks", 0)
         models[gid] = KernelModel(KernelGeometry(
@@ -235,7 +239,8 @@ def _new_audit(sched: Any) -> SchedulerAudit | None:
             checkpoint_alignment=getattr(spec, "prefill_checkpoint_alignment", None) if checkpoints else None,
             cache_hit_alignment_tokens=getattr(managers[gid], "cache_hit_alignment_tokens", spec.block_size),
             drop_eagle_block=bool(getattr(sched, "use_eagle_block_drop", False)),
-            null_block_id=null_id, vocab_size=VOCAB_SIZE))
+            null_block_id=null_id, vocab_size=VOCAB_SIZE, spec_engine=num_spec > 0,
+            num_speculative_tokens=num_spec), runner=runner, mixer="mamba2" if checkpoints else "gdn")
     every = max(int(os.environ.get(ENV_EVERY, "100") or 100), 1)
     _maybe_counter(sched)
     return SchedulerAudit({g: s.block_size for g, s in groups.items()}, models, sched.hash_block_size, every,
@@ -290,8 +295,6 @@ def _learn(audit: SchedulerAudit, req: Any, truth: Any) -> None:
 
 def _after_schedule(sched: Any, audit: SchedulerAudit, out: Any) -> None:
     """Apply what the worker does with this SchedulerOutput, in the worker's order."""
-    from fuzz.kernel_model import KernelModel
-
     dropped = set(out.finished_req_ids) | set(out.preempted_req_ids or ()) | set(
         out.scheduled_cached_reqs.resumed_req_ids or ())
     zero = list(out.new_block_ids_to_zero or ())
@@ -302,6 +305,12 @@ def _after_schedule(sched: Any, audit: SchedulerAudit, out: Any) -> None:
         model.zero_blocks(zero)
         model.copy_blocks(copies)
     audit.spec_rows.clear()
+    for new_req in out.scheduled_new_reqs:  # V2 hands resumed requests over as new ones too
+        req = sched.requests.get(new_req.req_id)
+        if req is not None:
+            audit.prefill_len[new_req.req_id] = req.num_tokens
+    for model in audit.models.values():
+        model.begin_step(out.num_scheduled_tokens)
     for rid, n in out.num_scheduled_tokens.items():
         req = sched.requests.get(rid)
         if req is None:
@@ -314,16 +323,18 @@ def _after_schedule(sched: Any, audit: SchedulerAudit, out: Any) -> None:
         loaded = rid in audit.external_loads and start > 0
         audit.external_loads.discard(rid)
         tables = {gid: _block_ids(sched, gid, rid) for gid in audit.models}
-        spec_row = KernelModel.is_spec_row(audit.spec_engine, start, n, len(drafts), req.num_prompt_tokens)
+        prefill_len = audit.prefill_len.get(rid, req.num_prompt_tokens)
         for gid, model in audit.models.items():
             if loaded:  # the connector put the state of the first `start` tokens in that column
                 model.load_external(tables[gid], start, truth.at(start))
+            spec_row = model.is_spec_row(start, n, len(drafts), req.num_prompt_tokens, prefill_len)
             model.run_row(rid, tables[gid], start, tokens, len(drafts), spec_row, truth)
         if audit.spec_engine:  # post-processed after the forward, with these tables (a finished
             audit.spec_rows[rid] = (start, n, len(drafts), tables)  # request's blocks are freed by then)
     for rid in out.finished_req_ids:
         audit.truths.pop(rid, None)
         audit.learned.pop(rid, None)
+        audit.prefill_len.pop(rid, None)
 
 
 def _accepted_counts(audit: SchedulerAudit, model_output: Any) -> dict[str, int]:

@@ -72,11 +72,12 @@ def record(result: dict[str, Any], harness: list[str] | None = None) -> dict[str
     return out
 
 
-def harness_kinds(scenario: Any, split: str) -> list[str]:
-    """The oracle's finding kinds for `scenario` under `split` (cached run plus differential)."""
+def harness_kinds(scenario: Any, split: str, runner: str | None = None) -> list[str]:
+    """The oracle's finding kinds for `scenario` under `split` (cached run plus differential),
+    on `runner` (None: the scenario's own model runner)."""
     from fuzz.pipeline import evaluate
 
-    return [f.kind for f in evaluate(scenario, split, efficiency=False).verdict.findings]
+    return [f.kind for f in evaluate(scenario, split, efficiency=False, runner=runner).verdict.findings]
 
 
 def splits_for(raw: dict[str, Any], split: str | None) -> list[str]:
@@ -86,7 +87,7 @@ def splits_for(raw: dict[str, Any], split: str | None) -> list[str]:
     finding = raw.get("finding")
     if isinstance(finding, dict):
         return [finding["split"] if isinstance(finding.get("split"), str) else "fixed"]
-    expected = raw.get("expected") or {}
+    expected = {key.partition("@")[0] for key in raw.get("expected") or {}}  # split@runner: the split
     names = sorted(expected, key=lambda s: (SPLIT_ORDER.index(s) if s in SPLIT_ORDER else len(SPLIT_ORDER), s))
     return names or ["fixed"]
 
@@ -128,8 +129,10 @@ def confirm_file(path: str | Path, split: str | None = None, confirm: ConfirmFn 
     raw, scenario = _read(path)
     confirm = confirm or _default_confirm
     records = []
+    finding = raw.get("finding")
+    runner = finding.get("runner") if isinstance(finding, dict) else None  # a finding made on one runner
     for name in splits_for(raw, split):
-        rec = record(dict(confirm(scenario, name), split=name), harness_kinds(scenario, name))
+        rec = record(dict(confirm(scenario, name), split=name), harness_kinds(scenario, name, runner))
         records.append(rec)
         if announce is not None:
             announce(status_line(path, rec))

@@ -53,6 +53,7 @@ SYMBOLS: dict[str, tuple[Place, ...]] = {
     **_at("vllm.model_executor.layers.mamba.mamba_utils", "MambaStateShapeCalculator", "get_temporal_copy_spec"),
     # The conformance tier: vLLM's own model-runner (worker) code, called on CPU.
     **_at("vllm.config.compilation", "CUDAGraphMode"),
+    **_at("vllm.config", "set_current_vllm_config"),
     **_at("vllm.v1.attention.backend", "CommonAttentionMetadata"),
     **_at("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadataBuilder"),
     **_at("vllm.v1.attention.backends.mamba2_attn", "Mamba2AttentionMetadataBuilder"),
