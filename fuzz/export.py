@@ -5,7 +5,10 @@ The test's assertion is what the scheduler can see of the finding's kind:
 - `slot_hash`: every mamba block a step newly publishes claims a position where that
   request's state was actually left (a chunk end, a load, an internal checkpoint);
 - `vllm_crash`: `schedule()` does not raise (`nocache-` crashes run with prefix caching off);
-- `stale_read:from-empty`: no request without computed tokens is scheduled as a speculative row.
+- the padded fresh prompt (`uninit_read:from-empty` on V1, `nocache_stale_read:…/prefill-kept-drafts`
+  on V2 and Mamba2, formerly `stale_read:from-empty`): no request without computed tokens is
+  scheduled with placeholder drafts.  What each model runner then does with that row differs
+  (corpus/upstream/RUNNERS.md); the scheduler-side fact behind both is the padded row.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def check_for(signature: str) -> str:
         return "published_state_written"
     if kind == "vllm_crash":
         return "no_crash"
-    if signature == "stale_read:from-empty":
+    if signature in ("stale_read:from-empty", "uninit_read:from-empty") or signature.endswith("/prefill-kept-drafts"):
         return "fresh_prompt_not_spec_row"
     raise ExportError(f"no scheduler-side assertion for {signature} yet")
 
@@ -56,6 +59,7 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
     if s.acceptance and any(s.acceptance):
         why += "\nThe scenario's draft acceptance is not replayed (no drafts are proposed)."
     engine = dataclasses.asdict(s.engine)
+    engine.pop("runner", None)  # the model runner the kernel model mirrors: not a scheduler setting
     if ":nocache-" in sig:
         engine.update(enable_prefix_caching=False, prefix_match_unit=None, num_prefill_checkpoint_blocks=0,
                       prefill_checkpoint_alignment=None, enable_mamba_shared_prefix_checkpoint=False)

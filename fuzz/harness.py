@@ -13,9 +13,11 @@ import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from fuzz import vllm_bridge as vb
 from fuzz.connector import ExternalHit
+from fuzz.exit_codes import ToolError
 from fuzz.kernel_model import KernelGeometry, KernelModel
 from fuzz.scenario import VOCAB_SIZE, Scenario, ScenarioError, ample_pool_blocks
 from fuzz.state import PrefixStates, State, next_token
@@ -64,6 +66,24 @@ def _vllm_frame(exc: BaseException) -> str:
     return f"{path}:{f.lineno} in {f.name}"
 
 
+class HarnessError(ToolError):
+    """mambafuzz's own simulation raised, with no vLLM frame on the stack: a tool failure, never a
+    `vllm_crash` finding.  (It may still point at a vLLM inconsistency, e.g. a block table too
+    short for the tokens scheduled; the input is kept so a person can tell.)"""
+
+
+def _crash_or_tool_error(exc: Exception, step: int) -> Crash:
+    """A vLLM crash located by vLLM's innermost frame; our own exception is a HarnessError."""
+    where = _vllm_frame(exc)
+    if where == "outside-vllm":
+        tb = traceback.extract_tb(exc.__traceback__)
+        at = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno} in {tb[-1].name}" if tb else ""
+        first = (str(exc).splitlines() or [""])[0]
+        raise HarnessError(f"the harness itself raised {type(exc).__name__}: {first}{at} (step {step}); "
+                           "a tool failure, not a vLLM crash") from exc
+    return Crash(type(exc).__name__, (str(exc).splitlines() or [""])[0], where, step)
+
+
 DEFAULT_TIMEOUT = float(os.environ.get("MAMBAFUZZ_SCENARIO_TIMEOUT", "60"))
 
 
@@ -96,7 +116,7 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
     except VllmUnsupported:
         raise
     except Exception as exc:  # vLLM failed to build a scheduler for a config it accepted
-        trace.crash = Crash(type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", _vllm_frame(exc), -1)
+        trace.crash = _crash_or_tool_error(exc, -1)
         return trace
     trace.runner = session.runner
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
@@ -179,7 +199,7 @@ class _Runner:
         except VllmUnsupported:
             raise
         except Exception as exc:
-            self.trace.crash = Crash(type(exc).__name__, (str(exc).splitlines() or [""])[0], _vllm_frame(exc), step)
+            self.trace.crash = _crash_or_tool_error(exc, step)
         for rid in self.ids:
             req = self.session.request(rid)
             if rid in self.live:

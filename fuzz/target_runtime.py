@@ -12,7 +12,10 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
+from fuzz.corpus import atomic_write, content_name
+from fuzz.exit_codes import EXIT_TOOL, ToolError
 from fuzz.finding_store import Filed, FindingStore, known_signatures
 from fuzz.inputs import decode_input
 from fuzz.pipeline import evaluate
@@ -54,22 +57,36 @@ class Runtime:
         try:
             scenario = with_runner(scenario, self.runner)
             v = evaluate(scenario, self.split, efficiency=False).verdict
+            filed = None
+            if not v.clean:
+                origin = dict(origin, engine=self.generator, execs=self.execs,
+                              seconds=round(time.monotonic() - self.started, 2))
+                filed = self.store.handle(scenario, v.primary.signature, v.primary.message, origin, raw)
+                if filed is not None:
+                    self.report_finding(filed)
         except ScenarioError:
             self.rejected += 1
             return False
-        filed = None
-        if not v.clean:
-            origin = dict(origin, engine=self.generator, execs=self.execs,
-                          seconds=round(time.monotonic() - self.started, 2))
-            filed = self.store.handle(scenario, v.primary.signature, v.primary.message, origin, raw)
-            if filed is not None:
-                self.report_finding(filed)
+        except ToolError as exc:
+            self.stop_on_tool_error(scenario, exc)
         self.maybe_status()
         if filed is not None and self.stop_on_first and not filed.flaky:
             self.status(final=True)
             sys.stdout.flush()
             os._exit(1)
         return filed is not None
+
+    def stop_on_tool_error(self, scenario: Scenario, exc: ToolError) -> NoReturn:
+        """mambafuzz itself failed on this input: keep the input for a person (beside the
+        findings, never as one), say so in an `error` event, and end the worker with exit 3."""
+        kept = Path(self.config.findings) / "tool-errors"
+        text = scenario.dumps()
+        path = kept / content_name(text, ".json")
+        atomic_write(path, text)
+        emit("error", message=f"{exc} (input kept: {path})")
+        self.status(final=True)
+        sys.stdout.flush()
+        os._exit(EXIT_TOOL)
 
     def report_finding(self, filed: Filed) -> None:
         emit("finding", signature=filed.signature, path=str(filed.path), flaky=filed.flaky,

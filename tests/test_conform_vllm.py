@@ -28,7 +28,7 @@ def make_worker(runner: str = "v1", temporal_tiles: int | None = 1, **engine) ->
     e = EngineConfig(mamba_block_size=MAMBA_BLOCK_SIZE, attn_block_size=MAMBA_BLOCK_SIZE,
                      max_num_batched_tokens=512, **engine)
     vc = vb.vllm_config_for(e, 1024)
-    spec = vb.kv_cache_config_for(e, NUM_BLOCKS).kv_cache_groups[1].kv_cache_spec
+    spec = vb.kv_cache_config_for(e, NUM_BLOCKS, 4096).kv_cache_groups[1].kv_cache_spec
     worker = V1Worker if runner == "v1" else V2Worker
     return worker(vc, spec, NUM_BLOCKS, hash_block_size=MAMBA_BLOCK_SIZE,
                     cache_hit_alignment_tokens=MAMBA_BLOCK_SIZE, max_model_len=1024,

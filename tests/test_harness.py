@@ -106,3 +106,41 @@ def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
     assert step() == []  # nothing written: nothing to judge again
     assert step(truth.at(5)) == [(False, truth.at(5))]  # overwritten: judged again, now poisoned
     assert runner.trace.hashed_snapshots == 1
+
+
+def test_an_exception_of_the_harness_itself_is_a_tool_error_not_a_vllm_crash(monkeypatch):
+    """With no vLLM frame on the stack, our own code raised: that used to be filed as
+    `vllm_crash:...@outside-vllm` (the mutation score counted one such "kill")."""
+    import pytest
+
+    from fuzz import harness
+    from fuzz.exit_codes import ToolError
+    from fuzz.kernel_model import KernelModel
+
+    def broken(self, *args, **kwargs):
+        raise IndexError("simulated harness bug")
+
+    monkeypatch.setattr(KernelModel, "run_row", broken)
+    with pytest.raises(harness.HarnessError, match="the harness itself raised IndexError: simulated harness bug"):
+        harness.run(first_chunk_scenario())
+    assert issubclass(harness.HarnessError, ToolError)
+
+
+def test_a_worker_keeps_the_input_and_exits_3_on_a_tool_error(monkeypatch, tmp_path, capsys):
+    import pytest
+
+    from fuzz import target_runtime
+    from fuzz.kernel_model import KernelModel
+    from fuzz.worker_protocol import WorkerConfig, parse_event
+
+    rt = target_runtime.Runtime(WorkerConfig(findings=str(tmp_path / "f"), generator="random"))
+    monkeypatch.setattr(KernelModel, "run_row", lambda self, *a, **k: [][1])
+    monkeypatch.setattr(target_runtime.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    with pytest.raises(SystemExit) as stop:
+        rt.run_scenario(first_chunk_scenario(), {"input": "test"})
+    assert stop.value.code == 3
+    events = [parse_event(line) for line in capsys.readouterr().out.splitlines()]
+    error = next(e for e in events if e and e["event"] == "error")
+    assert "the harness itself raised IndexError" in error["message"]
+    kept = list((tmp_path / "f" / "tool-errors").glob("*.json"))
+    assert len(kept) == 1 and not list((tmp_path / "f").glob("*.json"))  # kept beside, not filed as a finding

@@ -1,6 +1,6 @@
 """A 1-token prompt under MTP starts from a recycled mamba block
 
-Exported by mambafuzz from spec_pad_one_token_prompt_unzeroed_block.json (signature stale_read:from-empty).
+Exported by mambafuzz from spec_pad_one_token_prompt_unzeroed_block.json (signature nocache_stale_read:long/prefill-kept-drafts).
 Fails on the unmodified vLLM; passes with the candidate fix applied.
 
 Driven through vLLM's real Scheduler and KV-cache manager, no model: every row samples one
