@@ -36,9 +36,9 @@ class Attribution:
 
 
 def _signature_of(scenario, split: str) -> str | None:
-    from fuzz.finding_store import finding_signature
+    from fuzz.pipeline import signature_of
 
-    return finding_signature(scenario, split)
+    return signature_of(scenario, split)
 
 
 def known_bugs_for(dirs: list[Path], split: str) -> list[KnownBug]:

@@ -225,7 +225,7 @@ def cmd_minimize(args: argparse.Namespace) -> int:
     from fuzz import corpus, splits
     from fuzz.corpus import atomic_write, case_json
     from fuzz.minimizer import minimize
-    from fuzz.pipeline import evaluate
+    from fuzz.pipeline import evaluate, same_signature
     from fuzz.scenario import ScenarioError, with_runner
 
     patches = patches_or_usage(args.patch)
@@ -242,8 +242,7 @@ def cmd_minimize(args: argparse.Namespace) -> int:
     sig = first.primary.signature
 
     def still_fails(s) -> bool:
-        v = evaluate(s, args.split, efficiency=False, patches=patches).verdict
-        return not v.clean and v.primary.signature == sig
+        return same_signature(s, args.split, sig, patches)
 
     out = Path(args.output) if args.output else Path(args.file).with_suffix(".min.json")
     print(f"minimizing {args.file} ({sig}), size {case.scenario.size()}", flush=True)

@@ -44,9 +44,9 @@ def case_signature(case: Case) -> str:
     meta = case.extra.get("finding")
     if isinstance(meta, dict) and isinstance(meta.get("signature"), str):
         return meta["signature"]
-    from fuzz.finding_store import finding_signature
+    from fuzz.pipeline import signature_of
 
-    sig = finding_signature(case.scenario, "fixed")
+    sig = signature_of(case.scenario, "fixed")
     if sig is None:
         raise ExportError(f"{case.path}: clean on the installed vLLM, nothing to export")
     return sig

@@ -20,8 +20,8 @@ from pathlib import Path
 from fuzz import attribution
 from fuzz.corpus import atomic_write, case_json, content_name, iter_cases
 from fuzz.minimizer import minimize
-from fuzz.pipeline import evaluate
-from fuzz.scenario import Scenario, ScenarioError
+from fuzz.pipeline import same_signature
+from fuzz.scenario import Scenario
 from fuzz.vllm_compat.about import vllm_version
 
 REPRO_RUNS = 3
@@ -29,14 +29,6 @@ REPRO_RUNS = 3
 
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:120]
-
-
-def finding_signature(scenario: Scenario, split: str) -> str | None:
-    try:
-        v = evaluate(scenario, split, efficiency=False).verdict
-    except ScenarioError:
-        return None
-    return None if v.clean else v.primary.signature
 
 
 class KnownSignatures(set):
@@ -134,13 +126,6 @@ class FindingStore:
     def _explained(self, scenario: Scenario, bugs: list[attribution.KnownBug]) -> bool:
         return any(b.has_usable_fix and attribution.clean_under(scenario, self.split, (b,)) for b in bugs)
 
-    def _fails_same(self, scenario: Scenario, signature: str) -> bool:
-        try:
-            v = evaluate(scenario, self.split, efficiency=False).verdict
-        except ScenarioError:
-            return False
-        return not v.clean and v.primary.signature == signature
-
     def handle(self, scenario: Scenario, signature: str, message: str, origin: dict,
                raw: bytes | None = None) -> Filed | None:
         """File a finding unless it is a known bug or a signature already filed; returns what
@@ -158,14 +143,14 @@ class FindingStore:
             atomic_write(self.findings_dir / "raw" / f"{name}.{content_name(raw, '.bin')}", raw)
         decoded = scenario.dumps()
         atomic_write(self.findings_dir / "raw" / f"{name}.{content_name(decoded, '.decoded.json')}", decoded)
-        hits = sum(self._fails_same(scenario, signature) for _ in range(self.repro_runs))
+        hits = sum(same_signature(scenario, self.split, signature) for _ in range(self.repro_runs))
         rate = f"{hits}/{self.repro_runs}"
         flaky = hits < self.repro_runs
         t0 = time.monotonic()
         if flaky:
             small, seconds = scenario, 0.0
         else:
-            result = minimize(scenario, lambda c: self._fails_same(c, signature) and not self._explained(c, lookalikes),
+            result = minimize(scenario, lambda c: same_signature(c, self.split, signature) and not self._explained(c, lookalikes),
                               time_budget=self.minimize_budget)
             small, seconds = result.scenario, time.monotonic() - t0
         path = self.findings_dir / (f"flaky-{name}.json" if flaky else f"{name}.json")

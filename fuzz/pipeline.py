@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fuzz import harness, oracle, patching, splits
-from fuzz.scenario import Scenario, with_runner
+from fuzz.scenario import Scenario, ScenarioError, with_runner
 from fuzz.trace import Trace
 
 
@@ -37,3 +37,19 @@ def evaluate(scenario: Scenario, split: str = "fixed", differential: bool = True
         reference = harness.run(scenario, None, "fixed")
     verdict = oracle.judge(trace, uncached, reference, strict_efficiency=strict_efficiency)
     return Evaluation(verdict, trace, uncached, reference)
+
+
+def signature_of(scenario: Scenario, split: str = "fixed", patches: Sequence[patching.Patch] = ()) -> str | None:
+    """The primary finding's signature when `scenario` fails under `split` (and `patches`), else
+    None; a scenario that cannot run is None too.  The one definition of "fails the same way"
+    (with `same_signature`) that filing, minimizing, attribution and export share."""
+    try:
+        v = evaluate(scenario, split, efficiency=False, patches=patches).verdict
+    except ScenarioError:
+        return None
+    return None if v.clean else v.primary.signature
+
+
+def same_signature(scenario: Scenario, split: str, signature: str, patches: Sequence[patching.Patch] = ()) -> bool:
+    """Does `scenario` still fail under `split` with exactly `signature`?"""
+    return signature_of(scenario, split, patches) == signature
