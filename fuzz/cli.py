@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fuzz.engine_tier.cli import add_engine_commands
 
     add_engine_commands(sub)
+    from fuzz.cli_conform import add_conform_command
+
+    add_conform_command(sub)
     from fuzz.export import add_export_commands
 
     add_export_commands(sub)

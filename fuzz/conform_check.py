@@ -1,0 +1,132 @@
+"""The mirror held against vLLM's own worker code, row by row (`mambafuzz conform`).
+
+For every row the real scheduler schedules, fuzz/conform_drive.py asks vLLM's own worker
+bookkeeping (V1's InputBatch + preprocess_mamba + the metadata builders, V2's
+MambaHybridModelState, the fused copies under Triton's interpreter) what it does; this module
+asks the kernel model (fuzz/kernel_model.py with fuzz/runners.py and fuzz/mixers.py) the same
+question for the same runner and mixer family, and compares: the block the kernel reads its
+initial state from (None: zeros), the blocks it writes, the destinations of the pre- and
+post-forward copies, and the internal-checkpoint block (Mamba2 only; Qwen's GDN mixer writes
+none).  What it cannot compare is listed in docs/CONFORMANCE.md.
+
+Two normalisations, both because the conformance tier sees copies by value: a copy of a block
+onto itself is invisible there, so the mirror's self-copies are dropped; writes to the null
+block (id 0) are dropped on vLLM's side, as the mirror drops them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from fuzz import conform_drive
+from fuzz import vllm_bridge as vb
+from fuzz.kernel_model import KernelGeometry, KernelModel
+from fuzz.scenario import VOCAB_SIZE, Scenario
+
+RUNNERS = ("v1", "v2")
+MIXERS = ("gdn", "mamba2")
+Effect = tuple  # (read block | None, written blocks, pre-copy dsts, post-copy dsts, checkpoint blocks)
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    step: int
+    runner: str
+    mixer: str
+    req_id: str
+    kind: str  # the row kind vLLM's builder gave it
+    row: object  # conform_rows.RowInput
+    mirror: Effect
+    vllm: Effect
+
+    @property
+    def key(self) -> tuple:
+        """What makes two disagreements the same rule: runner, mixer, row kind, first chunk, drafts."""
+        return (self.runner, self.mixer, self.kind, self.row.num_computed == 0, self.row.num_drafts > 0)
+
+    def describe(self) -> str:
+        return (f"step {self.step} {self.req_id} [{self.runner}/{self.mixer}, vLLM: {self.kind}] {self.row}\n"
+                f"    mirror: {self.mirror}\n    vLLM:   {self.vllm}")
+
+
+class _Recording(vb.SchedulerSession):
+    """The driver's session, remembered so that the mirror gets the same geometry."""
+
+    last: vb.SchedulerSession | None = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _Recording.last = self
+
+
+def _mirror(s: Scenario, session: vb.SchedulerSession, runner: str, mixer: str) -> KernelModel:
+    e = s.engine
+    return KernelModel(KernelGeometry(
+        block_size=e.mamba_block_size, hash_block_size=session.hash_block_size,
+        checkpoint_alignment=e.prefill_checkpoint_alignment if e.num_prefill_checkpoint_blocks else None,
+        cache_hit_alignment_tokens=session.cache_hit_alignment_tokens,
+        drop_eagle_block=bool(getattr(session.scheduler, "use_eagle_block_drop", False)),
+        null_block_id=session.null_block_id, vocab_size=VOCAB_SIZE, spec_engine=e.uses_spec_decode,
+        num_speculative_tokens=e.num_speculative_tokens), runner=runner, mixer=mixer)
+
+
+def _mirror_effect(km: KernelModel, s: Scenario, r) -> Effect:
+    bs = s.engine.mamba_block_size
+    table = list(r.block_ids)
+    spec = s.engine.uses_spec_decode
+    curr = -(-(r.num_computed + r.num_scheduled) // bs) - 1
+    prev = km._prev_column.get(r.req_id, (r.num_computed - 1) // bs)
+    src = prev + km._num_accepted.get(r.req_id, 1) - 1
+    self_copy = prev != curr and 0 <= src < len(table) and table[src] == table[curr]
+    spec_row = spec and km.is_spec_row(r.num_computed, r.num_scheduled, r.num_drafts, r.num_prompt_tokens)
+    res = km.run_row(r.req_id, table, r.num_computed, [1] * r.num_scheduled, r.num_drafts, spec_row)
+    pre = tuple(sorted(b for _, b, _, cause in res.writes if cause == "precopy" and not self_copy))
+    writes = tuple(sorted({b for _, b, _, cause in res.writes if cause not in ("precopy", "checkpoint")}))
+    ckpt = tuple(sorted(b for _, b, _, cause in res.writes if cause == "checkpoint"))
+    post: tuple = ()
+    if spec:
+        psrc = km._prev_column[r.req_id]
+        resolved = r.num_computed + r.num_scheduled - r.num_drafts
+        aligned = (resolved + r.num_sampled - 1) // bs * bs
+        pself = aligned >= resolved and table[psrc + aligned - resolved] == table[aligned // bs - 1]
+        done = km.postprocess_spec(r.req_id, table, r.num_computed, r.num_scheduled, r.num_drafts, r.num_sampled)
+        post = () if pself else tuple(sorted(b for _, b, _, _ in done))
+    read = None if (not spec_row and r.num_computed == 0) else res.read_block
+    return read, writes, pre, post, ckpt
+
+
+def _vllm_effect(p, mirror_ckpt: tuple) -> Effect:
+    ckpt = tuple(sorted(w.block for w in p.writes if w.cause == "checkpoint" and w.block > 0))
+    return (p.read_block if p.has_initial_state else None,
+            tuple(sorted({w.block for w in p.writes if w.cause != "checkpoint" and w.block > 0})),
+            tuple(sorted(d for _, d in p.pre_copies)), tuple(sorted(d for _, d in p.post_copies)),
+            ckpt if p.mixer == "mamba2" else mirror_ckpt)
+
+
+def compare(s: Scenario, runners: tuple[str, ...] = RUNNERS) -> Iterator[Disagreement]:
+    """Drive `s` through the real scheduler and yield every row where the mirror and vLLM's
+    worker code differ, for each runner in `runners` and both mixer families."""
+    original = conform_drive.vb.SchedulerSession
+    conform_drive.vb.SchedulerSession = _Recording
+    try:
+        models: dict[tuple[str, str], KernelModel] = {}
+        for st in conform_drive.drive(s, runners):
+            if not models:
+                models = {(r, m): _mirror(s, _Recording.last, r, m) for r in runners for m in MIXERS}
+            si = st.input
+            plans = {(p.runner, p.mixer, p.req_id): p for p in st.plans}
+            scheduled = {r.req_id for r in si.rows}
+            for (runner, mixer), km in models.items():
+                km.forget_requests(set(si.finished) | set(si.preempted) | set(si.resumed))
+                km.begin_step(scheduled)
+                for r in si.rows:
+                    mirror = _mirror_effect(km, s, r)
+                    p = plans.get((runner, mixer, r.req_id))
+                    if p is None:
+                        continue
+                    got = _vllm_effect(p, mirror[4])
+                    if got != mirror:
+                        yield Disagreement(st.step, runner, mixer, r.req_id, p.kind, r, mirror, got)
+    finally:
+        conform_drive.vb.SchedulerSession = original
