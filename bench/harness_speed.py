@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterator
 from fuzz import harness, pipeline
 from fuzz import vllm_bridge as vb
 from fuzz.scenario import EngineConfig, RequestSpec, Scenario, ample_pool_blocks, validate
+from fuzz.step_plan import StepPlan
 
 CONST_TOKEN = 7  # the bare loop's sampled (and drafted) token
 FRESH_BLOCKS = 10_000
@@ -119,20 +120,15 @@ def bare_run(s: Scenario, prompts: list[list[int]], prefix_caching: bool = True)
     session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None)
     spec = engine.uses_spec_decode
     k = engine.num_speculative_tokens
-    ids = s.request_ids()
-    bound = s.liveness_bound()
+    plan = StepPlan.of(s)
     accept_next: dict[str, int] = {}  # drafts proposed last step: how many will be accepted
     step = 0
     while True:
-        if not any(r.arrival_step >= step for r in s.requests) and not session.has_unfinished():
+        if plan.done(step, session.has_unfinished()) or step >= plan.bound:
             break
-        if step >= bound:
-            break
-        for i, (rid, r) in enumerate(zip(ids, s.requests, strict=True)):
-            if r.arrival_step == step:
-                session.add_request(rid, prompts[i], r.max_tokens, float(step))
-        aborts = [rid for rid, r in zip(ids, s.requests, strict=True) if r.abort_step == step
-                  and (req := session.request(rid)) is not None and not req.is_finished()]
+        for i, rid in plan.arrivals(step):
+            session.add_request(rid, prompts[i], s.requests[i].max_tokens, float(step))
+        aborts = plan.aborts(step, lambda rid: (req := session.request(rid)) is not None and not req.is_finished())
         if aborts:
             session.abort(aborts)
         out = session.schedule()

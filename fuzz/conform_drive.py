@@ -18,6 +18,7 @@ from fuzz.conform_rows import RowInput, RowPlan, StepInput
 from fuzz.conform_v2 import V2Worker
 from fuzz.conform_vllm import V1Worker
 from fuzz.scenario import Scenario, ample_pool_blocks
+from fuzz.step_plan import StepPlan
 
 CONST_TOKEN = 7
 
@@ -48,18 +49,15 @@ def drive(s: Scenario, runners: tuple[str, ...] = ("v1", "v2")) -> Iterator[Conf
     session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None)
     workers = [_worker_for(r, session, num_blocks, s.max_model_len()) for r in runners]
     k = engine.num_speculative_tokens if engine.uses_spec_decode else 0
-    ids = s.request_ids()
+    plan = StepPlan.of(s)
     prompts = [s.prompt_tokens(i) for i in range(len(s.requests))]
     accept_next: dict[str, int] = {}
-    last_arrival = max((r.arrival_step for r in s.requests), default=-1)
-    for step in range(s.liveness_bound()):
-        if step > last_arrival and not session.has_unfinished():
+    for step in range(plan.bound):
+        if plan.done(step, session.has_unfinished()):
             return
-        for i, (rid, r) in enumerate(zip(ids, s.requests, strict=True)):
-            if r.arrival_step == step:
-                session.add_request(rid, prompts[i], r.max_tokens, float(step))
-        aborts = [rid for rid, r in zip(ids, s.requests, strict=True) if r.abort_step == step
-                  and (req := session.request(rid)) is not None and not req.is_finished()]
+        for i, rid in plan.arrivals(step):
+            session.add_request(rid, prompts[i], s.requests[i].max_tokens, float(step))
+        aborts = plan.aborts(step, lambda rid: (req := session.request(rid)) is not None and not req.is_finished())
         if aborts:
             session.abort(aborts)
         out = session.schedule()

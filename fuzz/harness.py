@@ -11,16 +11,17 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from fuzz import vllm_bridge as vb
 from fuzz.connector import ExternalHit
 from fuzz.exit_codes import ToolError
+from fuzz.hash_book import HashBook
 from fuzz.kernel_model import KernelGeometry, KernelModel
 from fuzz.scenario import VOCAB_SIZE, Scenario, ScenarioError, ample_pool_blocks
 from fuzz.state import PrefixStates, State, next_token
+from fuzz.step_plan import StepPlan
 from fuzz.trace import Admission, CacheEntry, Chunk, Crash, SlotWrite, StepRecord, Trace
 from fuzz.vllm_compat import VllmUnsupported
 
@@ -33,28 +34,6 @@ class _Live:
     truth: PrefixStates
     first_chunk_pending: bool = False
     prefill_len: int = 0  # tokens at the last (re)admission: V2's `prefill_len`
-
-
-class _HashBook:
-    """Which tokens each block hash stands for: hash -> (request, true state).
-
-    Block hashes chain over token ids, so the request that first produced a hash tells us
-    exactly which state any block published under it must hold."""
-
-    def __init__(self, hash_block_size: int):
-        self.unit = hash_block_size
-        self.truth: dict[bytes, tuple[str, State]] = {}
-        self._seen: dict[str, int] = {}
-
-    def learn(self, rid: str, hashes: Sequence[bytes], truth: PrefixStates) -> None:
-        start = self._seen.get(rid, 0)
-        if len(hashes) <= start:
-            return
-        for i in range(start, len(hashes)):
-            length = (i + 1) * self.unit
-            if length <= len(truth):
-                self.truth.setdefault(bytes(hashes[i]), (rid, truth.at(length)))
-                self._seen[rid] = i + 1
 
 
 def _vllm_frame(exc: BaseException) -> str:
@@ -161,14 +140,8 @@ class _Runner:
             num_speculative_tokens=e.num_speculative_tokens,
             align=prefix_caching,
         ), runner=session.runner, mixer=scenario.engine.mixer, first_use=(session.allocated_blocks, session.reused_blocks))
-        self.arrivals_at: dict[int, list[int]] = {}
-        self.aborts_at: dict[int, list[str]] = {}
-        for i, (rid, r) in enumerate(zip(self.ids, scenario.requests)):
-            self.arrivals_at.setdefault(r.arrival_step, []).append(i)
-            if r.abort_step is not None:
-                self.aborts_at.setdefault(r.abort_step, []).append(rid)
-        self.last_arrival = max((r.arrival_step for r in scenario.requests), default=-1)
-        self.book = _HashBook(session.hash_block_size)
+        self.plan = StepPlan.of(scenario)
+        self.book = HashBook(session.hash_block_size)
         # live requests not admitted yet, or preempted since: the only ones an admission can be
         self.unadmitted: set[str] = set()
         self.known_entries: set[tuple[bytes, int]] = set()
@@ -184,7 +157,7 @@ class _Runner:
         step = 0
         try:
             while True:
-                if step > self.last_arrival and not self.session.has_unfinished():
+                if self.plan.done(step, self.session.has_unfinished()):
                     break
                 if step >= self.trace.step_bound:
                     self.trace.hit_bound = True
@@ -211,14 +184,14 @@ class _Runner:
         rec = StepRecord(step)
         self.trace.steps.append(rec)
         session = self.session
-        for i in self.arrivals_at.get(step, ()):
-            rid, r = self.ids[i], self.s.requests[i]
+        for i, rid in self.plan.arrivals(step):
+            r = self.s.requests[i]
             prompt = self.s.prompt_tokens(i)  # the truth keeps this list; vLLM gets a copy
             self.live[rid] = _Live(i, PrefixStates.for_prompt(prompt, self.s.prompt_key(i)))
             self.unadmitted.add(rid)
             session.add_request(rid, prompt, r.max_tokens, float(step))
             rec.arrivals.append(rid)
-        aborts = [rid for rid in self.aborts_at.get(step, ()) if rid in self.live and self._unfinished(rid)]
+        aborts = self.plan.aborts(step, lambda rid: rid in self.live and self._unfinished(rid))
         if aborts:
             session.abort(aborts)
             rec.aborts = aborts
@@ -399,7 +372,7 @@ class _Runner:
             entry = vb.SchedulerSession.mamba_entry(key, block)
             if new:
                 self.trace.hashed_snapshots += 1
-            owner, claimed = self.book.truth.get(entry.block_hash, ("?", State(-3, 0)))
+            owner, claimed = self.book.claim(entry.block_hash) or ("?", State(-3, 0))
             column = -(-claimed.num_tokens // self.s.engine.mamba_block_size) - 1
             rec.cache.append(CacheEntry(entry.block_id, column, claimed, self.model.state_of(entry.block_id), owner, new,
                                         entry.primary, entry.claimed_tokens))

@@ -76,7 +76,8 @@ def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
     their block that step: a block overwritten after publication shows up again, poisoned."""
     from types import SimpleNamespace
 
-    from fuzz.harness import _HashBook, _Runner
+    from fuzz.harness import _Runner
+    from fuzz.hash_book import HashBook
     from fuzz.kernel_model import KernelGeometry, KernelModel
     from fuzz.state import PrefixStates
     from fuzz.trace import StepRecord, Trace
@@ -89,7 +90,7 @@ def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
     runner.s = SimpleNamespace(engine=SimpleNamespace(mamba_block_size=8))
     runner.trace = Trace(split="fixed", prefix_caching=True)
     runner.session = SimpleNamespace(cached_mamba_blocks=lambda: iter([(key, block)]))
-    runner.book = _HashBook(8)
+    runner.book = HashBook(8)
     runner.book.truth[key[:-4]] = ("r0", truth.at(8))
     runner.model = KernelModel(KernelGeometry(block_size=8, hash_block_size=8, checkpoint_alignment=None,
                                               cache_hit_alignment_tokens=8, drop_eagle_block=False,

@@ -81,8 +81,7 @@ class SchedulerAudit:
     spec_engine: bool  # the worker post-processes every row after a spec-decode forward
     generation: int  # the install() it belongs to: a re-install starts every scheduler afresh
     truths: dict[str, Any] = field(default_factory=dict)  # live request id -> PrefixStates
-    book: dict[bytes, tuple[str, Any]] = field(default_factory=dict)  # hash -> (request, claimed State)
-    learned: dict[str, int] = field(default_factory=dict)
+    book: Any = None  # fuzz.hash_book.HashBook: hash -> (request, claimed State), shared with the harness
     pending: list[_Pending] = field(default_factory=list)
     poisoned: list[Poisoned] = field(default_factory=list)
     checked: int = 0
@@ -243,8 +242,11 @@ def _new_audit(sched: Any) -> SchedulerAudit | None:
             num_speculative_tokens=num_spec), runner=runner, mixer="mamba2" if checkpoints else "gdn")
     every = max(int(os.environ.get(ENV_EVERY, "100") or 100), 1)
     _maybe_counter(sched)
+    from fuzz.hash_book import HashBook
+
     return SchedulerAudit({g: s.block_size for g, s in groups.items()}, models, sched.hash_block_size, every,
-                          sched.vllm_config.speculative_config is not None, _GENERATION)
+                          sched.vllm_config.speculative_config is not None, _GENERATION,
+                          book=HashBook(sched.hash_block_size, limit=BOOK_LIMIT))
 
 
 def _maybe_counter(sched: Any) -> None:
@@ -280,17 +282,7 @@ def _truth(audit: SchedulerAudit, req: Any) -> Any:
 
 
 def _learn(audit: SchedulerAudit, req: Any, truth: Any) -> None:
-    """Hash -> (request, true state of the tokens it covers), as the harness's _HashBook."""
-    hashes = req.block_hashes
-    start = audit.learned.get(req.request_id, 0)
-    unit = audit.hash_block_size
-    end = min(len(hashes), len(truth) // unit)
-    for i in range(start, end):
-        audit.book.setdefault(bytes(hashes[i]), (req.request_id, truth.at((i + 1) * unit)))
-    audit.learned[req.request_id] = max(start, end)
-    if len(audit.book) > BOOK_LIMIT:  # hashes are judged within a step of being learned
-        for key in list(audit.book)[: BOOK_LIMIT // 2]:
-            del audit.book[key]
+    audit.book.learn(req.request_id, req.block_hashes, truth)
 
 
 def _after_schedule(sched: Any, audit: SchedulerAudit, out: Any) -> None:
@@ -333,7 +325,7 @@ def _after_schedule(sched: Any, audit: SchedulerAudit, out: Any) -> None:
             audit.spec_rows[rid] = (start, n, len(drafts), tables)  # request's blocks are freed by then)
     for rid in out.finished_req_ids:
         audit.truths.pop(rid, None)
-        audit.learned.pop(rid, None)
+        audit.book.forget(rid)
         audit.prefill_len.pop(rid, None)
 
 
@@ -389,7 +381,7 @@ def _judge(sched: Any, audit: SchedulerAudit) -> None:
             continue  # not a mamba group, or published and dropped again within the step
         seen.add((p.key, p.block_id))
         audit.checked += 1
-        owner, truth = audit.book.get(bytes(get_block_hash(p.key)), ("?", None))
+        owner, truth = audit.book.claim(bytes(get_block_hash(p.key))) or ("?", None)
         claimed = truth.num_tokens if truth is not None else (p.num_tokens or 0)
         held = model.state_of(p.block_id)
         if held.num_tokens == claimed and (truth is None or held == truth):

@@ -22,6 +22,7 @@ from typing import Any
 
 from fuzz.engine_tier import engines
 from fuzz.scenario import Scenario
+from fuzz.step_plan import StepPlan
 
 # Cached and uncached runs cut prefills at different offsets and batch differently, and the
 # model computes in bf16, so the same position's logprob moves between runs.  Measured with
@@ -68,7 +69,7 @@ def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> R
     from fuzz.vllm_compat.api import SamplingParams
 
     out = Replay()
-    ids = s.request_ids()
+    plan = StepPlan.of(s)
     handle.install_split(split_fn)
     handle.schedule_log = []
     added: list[str] = []
@@ -76,20 +77,18 @@ def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> R
     step = 0
     try:
         while True:
-            pending = any(r.arrival_step >= step for r in s.requests)
-            if not pending and not handle.engine.has_unfinished_requests():
+            if plan.done(step, handle.engine.has_unfinished_requests()):
                 break
-            if step >= s.liveness_bound() or time.monotonic() - t0 > SCENARIO_TIMEOUT:
+            if step >= plan.bound or time.monotonic() - t0 > SCENARIO_TIMEOUT:
                 out.unfinished = [rid for rid in added if rid not in out.aborted and not _finished(out, rid)]
                 break
-            for i, (rid, r) in enumerate(zip(ids, s.requests)):
-                if r.arrival_step == step:
-                    params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True, logprobs=TOP_K)
-                    handle.engine.add_request(rid, {"prompt_token_ids": s.prompt_tokens(i)}, params)
-                    added.append(rid)
-                    out.tokens[rid], out.logprobs[rid], out.top[rid] = [], [], []
-            aborts = [rid for rid, r in zip(ids, s.requests) if r.abort_step == step and rid in added
-                      and not _finished(out, rid)]
+            for i, rid in plan.arrivals(step):
+                params = SamplingParams(max_tokens=s.requests[i].max_tokens, temperature=0.0, ignore_eos=True,
+                                        logprobs=TOP_K)
+                handle.engine.add_request(rid, {"prompt_token_ids": s.prompt_tokens(i)}, params)
+                added.append(rid)
+                out.tokens[rid], out.logprobs[rid], out.top[rid] = [], [], []
+            aborts = plan.aborts(step, lambda rid: rid in added and not _finished(out, rid))
             if aborts:
                 handle.engine.abort_request(aborts)
                 out.aborted.update(aborts)

@@ -1,0 +1,41 @@
+"""When a scenario's requests arrive and are aborted, and when a run of it is over: one plan for
+every loop that drives vLLM through a scenario (the harness, the conformance driver, the
+engine tier's replay and the speed bench), so they cannot drift apart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fuzz.scenario import Scenario
+
+
+@dataclass
+class StepPlan:
+    ids: list[str]
+    arrivals_at: dict[int, list[int]] = field(default_factory=dict)  # step -> request indexes
+    aborts_at: dict[int, list[str]] = field(default_factory=dict)  # step -> request ids
+    last_arrival: int = -1
+    bound: int = 0  # the liveness bound: a run still going at this step has stalled
+
+    @classmethod
+    def of(cls, s: Scenario) -> StepPlan:
+        plan = cls(s.request_ids(), bound=s.liveness_bound())
+        for i, (rid, r) in enumerate(zip(plan.ids, s.requests, strict=True)):
+            plan.arrivals_at.setdefault(r.arrival_step, []).append(i)
+            if r.abort_step is not None:
+                plan.aborts_at.setdefault(r.abort_step, []).append(rid)
+        plan.last_arrival = max((r.arrival_step for r in s.requests), default=-1)
+        return plan
+
+    def arrivals(self, step: int) -> list[tuple[int, str]]:
+        """(index, request id) of the requests that arrive at `step`, in scenario order."""
+        return [(i, self.ids[i]) for i in self.arrivals_at.get(step, ())]
+
+    def aborts(self, step: int, running: Callable[[str], bool]) -> list[str]:
+        """The requests aborted at `step` that are still `running` (arrived, not finished)."""
+        return [rid for rid in self.aborts_at.get(step, ()) if running(rid)]
+
+    def done(self, step: int, has_unfinished: bool) -> bool:
+        """Every request has arrived and none is left."""
+        return step > self.last_arrival and not has_unfinished
