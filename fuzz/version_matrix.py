@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fuzz.corpus import iter_cases
+from fuzz.corpus import iter_cases, split_key
 from fuzz.vllm_envs import PROJECT_ROOT, VllmEnv, discover
 
 CASE_DIRS = ("corpus/regressions", "corpus/upstream")
@@ -59,7 +59,9 @@ def _stderr_reasons(stderr: str) -> dict[str, str]:
 
 def replay(env: VllmEnv, files: list[str], split: str, timeout: float = REPLAY_TIMEOUT) -> dict[str, Cell]:
     try:
-        proc = env.run_cli(["repro", "--json", "--split", split, *files], timeout)
+        split_name, runner = split_key(split)  # an expected-table key: split, or split@runner
+        proc = env.run_cli(["repro", "--json", "--split", split_name, *(["--runner", runner] if runner else []),
+                            *files], timeout)
     except subprocess.TimeoutExpired:
         return {f: Cell("cannot run", f"repro over {timeout:.0f}s") for f in files}
     cells: dict[str, Cell] = {}
