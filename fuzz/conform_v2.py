@@ -112,7 +112,7 @@ class V2Worker:
         order = sort_batch_req_ids({r.req_id: r.num_scheduled for r in step.rows}, drafts, 1 + self.num_spec)
         batch = self._input_batch([rows[r] for r in order])
         pre = self.base._observe_copies(lambda: self.ms.preprocess_state(
-            batch, (self.batch_table,), self.kv_cache_config, self.num_computed))
+            batch, (self.batch_table,), self.kv_cache_config, self.num_computed), order)
         metadata = self.ms.prepare_attn(batch, CUDAGraphMode.NONE, (self.batch_table[:batch.num_reqs],),
                                         [torch.zeros(batch.num_tokens, dtype=torch.int64)], self.attn_groups,
                                         self.kv_cache_config)
@@ -191,6 +191,6 @@ class V2Worker:
             rejected = r.num_drafts - (sampled - 1) if r.num_drafts and sampled else 0
             self.num_computed[self.slots[r.req_id]] = r.num_computed + r.num_scheduled - rejected
         return self.base._observe_copies(lambda: self.ms.postprocess_state(
-            batch.idx_mapping, num_sampled, self.num_computed))
+            batch.idx_mapping, num_sampled, self.num_computed), [r.req_id for r in rows])
 
 

@@ -262,9 +262,10 @@ class V1Worker:
             kv_cache_config=self.kv_cache_config, forward_context=self.forward_context,
             mamba_state_copy_funcs=self.copy_funcs))
 
-    def _observe_copies(self, phase) -> dict[str, tuple[tuple[int, int], ...]]:
+    def _observe_copies(self, phase, rows: list[str] | None = None) -> dict[str, tuple[tuple[int, int], ...]]:
         """Run `phase` with every block holding its own id; return the copies it made, by request
-        (the request whose table holds the destination block)."""
+        (the request among this step's `rows`, default the batch's, whose table holds the
+        destination block)."""
         self.state.copy_(torch.arange(self.state.shape[0], dtype=torch.int64).reshape(-1, 1))
         saved = mamba_utils._TEMPORAL_TILES
         if self.temporal_tiles is not None:
@@ -275,7 +276,10 @@ class V1Worker:
         finally:
             mamba_utils._TEMPORAL_TILES = saved
         moved = (self.state[:, 0] != torch.arange(self.state.shape[0])).nonzero().flatten().tolist()
-        owner = {b: rid for rid, st in self.requests.items() for b in st.block_ids[0] if b > 0}
+        # Only this step's rows own blocks: a request left out of the batch (preempted, or just
+        # not scheduled) keeps its state in `requests`, but its freed blocks may now be a row's.
+        rows = [rid for rid in self.input_batch.req_ids if rid is not None] if rows is None else rows
+        owner = {b: rid for rid in rows for b in self.requests[rid].block_ids[0] if b > 0}
         copies: dict[str, list[tuple[int, int]]] = {}
         for dst in moved:
             copies.setdefault(owner.get(dst, "?"), []).append((int(self.state[dst, 0]), dst))

@@ -40,3 +40,10 @@ def test_the_conform_command_exit_codes(monkeypatch, capsys):
     assert main(["conform", str(V1_SKIP), "--runner", "v1"]) == 1
     assert "DISAGREE" in capsys.readouterr().out
     assert main(["conform"]) == 2
+
+
+def test_a_copy_into_a_block_a_preempted_request_used_to_hold_is_the_rows_own():
+    """The conformance driver once credited r0's pre-copy to r4, preempted in the same step,
+    whose stale table still listed the block (corpus/conformance note)."""
+    case = UPSTREAM.parent / "conformance" / "v1_precopy_beside_a_same_step_preemption.json"
+    assert list(conform_check.compare(load_case(case).scenario, ("v1",))) == []
