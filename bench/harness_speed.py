@@ -126,11 +126,7 @@ def bare_run(s: Scenario, prompts: list[list[int]], prefix_caching: bool = True)
     while True:
         if plan.done(step, session.has_unfinished()) or step >= plan.bound:
             break
-        for i, rid in plan.arrivals(step):
-            session.add_request(rid, prompts[i], s.requests[i].max_tokens, float(step))
-        aborts = plan.aborts(step, lambda rid: (req := session.request(rid)) is not None and not req.is_finished())
-        if aborts:
-            session.abort(aborts)
+        plan.feed(step, session, prompts)
         out = session.schedule()
         spec_tokens = out.scheduled_spec_decode_tokens
         sampled: dict[str, list[int]] = {}

@@ -55,11 +55,7 @@ def drive(s: Scenario, runners: tuple[str, ...] = ("v1", "v2")) -> Iterator[Conf
     for step in range(plan.bound):
         if plan.done(step, session.has_unfinished()):
             return
-        for i, rid in plan.arrivals(step):
-            session.add_request(rid, prompts[i], s.requests[i].max_tokens, float(step))
-        aborts = plan.aborts(step, lambda rid: (req := session.request(rid)) is not None and not req.is_finished())
-        if aborts:
-            session.abort(aborts)
+        plan.feed(step, session, prompts)
         out = session.schedule()
         rows, sampled = [], {}
         for rid, n in out.num_scheduled_tokens.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fuzz.scenario import Scenario
 
@@ -17,10 +18,11 @@ class StepPlan:
     aborts_at: dict[int, list[str]] = field(default_factory=dict)  # step -> request ids
     last_arrival: int = -1
     bound: int = 0  # the liveness bound: a run still going at this step has stalled
+    max_tokens: list[int] = field(default_factory=list)
 
     @classmethod
     def of(cls, s: Scenario) -> StepPlan:
-        plan = cls(s.request_ids(), bound=s.liveness_bound())
+        plan = cls(s.request_ids(), bound=s.liveness_bound(), max_tokens=[r.max_tokens for r in s.requests])
         for i, (rid, r) in enumerate(zip(plan.ids, s.requests, strict=True)):
             plan.arrivals_at.setdefault(r.arrival_step, []).append(i)
             if r.abort_step is not None:
@@ -39,3 +41,13 @@ class StepPlan:
     def done(self, step: int, has_unfinished: bool) -> bool:
         """Every request has arrived and none is left."""
         return step > self.last_arrival and not has_unfinished
+
+    def feed(self, step: int, session: Any, prompts: list[list[int]]) -> None:
+        """Add `step`'s arrivals to a scheduler session (fuzz.vllm_bridge.SchedulerSession) and
+        abort its due requests that are still running: the whole of it for a loop that keeps no
+        state of its own per request (the speed bench, the conformance driver)."""
+        for i, rid in self.arrivals(step):
+            session.add_request(rid, prompts[i], self.max_tokens[i], float(step))
+        aborts = self.aborts(step, lambda rid: (req := session.request(rid)) is not None and not req.is_finished())
+        if aborts:
+            session.abort(aborts)
