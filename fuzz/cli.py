@@ -15,7 +15,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fuzz.cli_options import RUNNER_HELP, SPLIT_HELP, add_patch_argument, patches_or_usage
-from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_INTERRUPTED, EXIT_TOOL, EXIT_USAGE, ToolError, UsageError
+from fuzz.exit_codes import (
+    EXIT_CLEAN,
+    EXIT_FOUND,
+    EXIT_INTERRUPTED,
+    EXIT_TOOL,
+    EXIT_USAGE,
+    ToolError,
+    UsageError,
+    one_line,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,10 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - a crash of the tool must never read as a finding (exit 1)
         if os.environ.get("MAMBAFUZZ_DEBUG"):
             traceback.print_exc()
-        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-        at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
-        first = (str(exc).splitlines() or [""])[0]
-        print(f"mambafuzz: internal error: {type(exc).__name__}: {first}{at} "
+        print(f"mambafuzz: internal error: {one_line(exc, where=True)} "
               "(a tool failure, not a finding; MAMBAFUZZ_DEBUG=1 prints the traceback)", file=sys.stderr)
         return EXIT_TOOL
 

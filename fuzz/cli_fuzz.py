@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from fuzz.cli_options import RUNNER_HELP, SPLIT_HELP, add_patch_argument, patches_or_usage
-from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE, UsageError
+from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE, UsageError, one_line
 
 GENERATORS = ("atheris", "hypothesis", "random")
 DEFAULT_KNOWN = ["corpus/regressions", "corpus/upstream"]
@@ -278,8 +278,7 @@ def _confirm_engine(paths: list[Path], split: str | None) -> tuple[int, int]:
             errors += 1
             continue
         except Exception as exc:  # noqa: BLE001 - a tool failure on one file must not lose the others
-            first = (str(exc).splitlines() or [""])[0]
-            print(f"mambafuzz: {path}: engine confirmation failed: {type(exc).__name__}: {first}", file=sys.stderr)
+            print(f"mambafuzz: {path}: engine confirmation failed: {one_line(exc)}", file=sys.stderr)
             errors += 1
             continue
         except KeyboardInterrupt:

@@ -7,6 +7,9 @@ failure (3), never "something was found" (1).
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
+
 EXIT_CLEAN = 0  # ran, nothing found
 EXIT_FOUND = 1  # a violation (repro), or a new finding (fuzz)
 EXIT_USAGE = 2  # bad input: a malformed file, an impossible config, a wrong flag
@@ -23,3 +26,11 @@ class UsageError(Exception):
 
 class ToolError(Exception):
     """mambafuzz could not do its job; the message is printed as one line and the command exits 3."""
+
+
+def one_line(exc: BaseException, where: bool = False) -> str:
+    """`Type: first line of the message`, and with `where` the innermost frame
+    (` at file.py:LINE in function`): how every tool failure is said in one line."""
+    text = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    tb = traceback.extract_tb(exc.__traceback__) if where and exc.__traceback__ else None
+    return text + (f" at {Path(tb[-1].filename).name}:{tb[-1].lineno} in {tb[-1].name}" if tb else "")

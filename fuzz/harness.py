@@ -12,11 +12,10 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from pathlib import Path
 
 from fuzz import vllm_bridge as vb
 from fuzz.connector import ExternalHit
-from fuzz.exit_codes import ToolError
+from fuzz.exit_codes import ToolError, one_line
 from fuzz.hash_book import HashBook
 from fuzz.kernel_model import KernelGeometry, KernelModel
 from fuzz.scenario import VOCAB_SIZE, Scenario, ScenarioError, ample_pool_blocks
@@ -55,10 +54,7 @@ def _crash_or_tool_error(exc: Exception, step: int) -> Crash:
     """A vLLM crash located by vLLM's innermost frame; our own exception is a HarnessError."""
     where = _vllm_frame(exc)
     if where == "outside-vllm":
-        tb = traceback.extract_tb(exc.__traceback__)
-        at = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno} in {tb[-1].name}" if tb else ""
-        first = (str(exc).splitlines() or [""])[0]
-        raise HarnessError(f"the harness itself raised {type(exc).__name__}: {first}{at} (step {step}); "
+        raise HarnessError(f"the harness itself raised {one_line(exc, where=True)} (step {step}); "
                            "a tool failure, not a vLLM crash") from exc
     return Crash(type(exc).__name__, (str(exc).splitlines() or [""])[0], where, step)
 

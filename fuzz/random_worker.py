@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz.exit_codes import EXIT_CLEAN, EXIT_TOOL
+from fuzz.exit_codes import EXIT_CLEAN, EXIT_TOOL, one_line
 from fuzz.worker_protocol import WorkerConfig, emit
 
 
@@ -28,7 +28,7 @@ def main() -> int:
 
         runtime = Runtime(config)
     except Exception as exc:  # noqa: BLE001 - said as one event; the supervisor fails the campaign
-        emit("error", message=f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
+        emit("error", message=one_line(exc))
         return EXIT_TOOL
     emit("started", generator="random", python=sys.executable)
     gc.freeze()  # vLLM and torch's heap never needs rescanning by full collections

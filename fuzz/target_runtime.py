@@ -31,14 +31,9 @@ class Runtime:
 
         apply_worker_patches(config.patches, config.known_fix_dirs)
         self.config = config
-        self.split = config.split
-        self.runner = config.runner  # applied to every scenario, so a filed finding replays on the same runner
-        self.generator = config.generator
-        self.stop_on_first = config.stop_on_first
         known = known_signatures([Path(d) for d in config.known_dirs], config.split, config.runner)
         self.store = FindingStore(Path(config.findings), config.split, known=known,
                                   minimize_budget=config.minimize_budget, announce=False)
-        self.decoder = config.decoder
         self.execs = 0
         self.rejected = 0
         self.started = time.monotonic()
@@ -49,17 +44,18 @@ class Runtime:
         return cls(WorkerConfig.from_environment())
 
     def decode(self, data: bytes) -> Scenario | None:
-        return decode_input(data, self.decoder)
+        return decode_input(data, self.config.decoder)
 
     def run_scenario(self, scenario: Scenario, origin: dict, raw: bytes | None = None) -> bool:
         """Evaluate once; file a finding if any.  Returns True when a new finding was filed."""
         self.execs += 1
         try:
-            scenario = with_runner(scenario, self.runner)
-            v = evaluate(scenario, self.split, efficiency=False).verdict
+            # every scenario runs on the campaign's runner, so a filed finding replays on it
+            scenario = with_runner(scenario, self.config.runner)
+            v = evaluate(scenario, self.config.split, efficiency=False).verdict
             filed = None
             if not v.clean:
-                origin = dict(origin, engine=self.generator, execs=self.execs,
+                origin = dict(origin, engine=self.config.generator, execs=self.execs,
                               seconds=round(time.monotonic() - self.started, 2))
                 filed = self.store.handle(scenario, v.primary.signature, v.primary.message, origin, raw)
                 if filed is not None:
@@ -70,7 +66,7 @@ class Runtime:
         except ToolError as exc:
             self.stop_on_tool_error(scenario, exc)
         self.maybe_status()
-        if filed is not None and self.stop_on_first and not filed.flaky:
+        if filed is not None and self.config.stop_on_first and not filed.flaky:
             self.status(final=True)
             sys.stdout.flush()
             os._exit(1)

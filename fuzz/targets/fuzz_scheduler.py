@@ -17,7 +17,8 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from fuzz.worker_protocol import emit  # noqa: E402  (no vLLM import)
+from fuzz.exit_codes import one_line  # noqa: E402  (neither imports vLLM)
+from fuzz.worker_protocol import emit  # noqa: E402
 
 try:
     import atheris
@@ -28,7 +29,7 @@ try:
     INSTRUMENTED = instrument_modules(COVERAGE_MODULES)
     RUNTIME = Runtime.from_environment()
 except Exception as exc:  # noqa: BLE001 - one event, then a tool-failure exit; never a "crash" finding
-    emit("error", message=f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", python=sys.executable)
+    emit("error", message=one_line(exc), python=sys.executable)
     sys.exit(3)
 
 
@@ -37,6 +38,6 @@ def TestOneInput(data: bytes) -> None:
 
 
 if __name__ == "__main__":
-    emit("started", generator=RUNTIME.generator, python=sys.executable, instrumented_functions=INSTRUMENTED)
+    emit("started", generator=RUNTIME.config.generator, python=sys.executable, instrumented_functions=INSTRUMENTED)
     atheris.Setup(sys.argv, TestOneInput)
     atheris.Fuzz()
