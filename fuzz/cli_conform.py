@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE
+from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE
 
 
 def add_conform_command(sub: Any) -> None:
@@ -78,4 +78,9 @@ def cmd_conform(args: argparse.Namespace) -> int:
           f"{sum(seen.values())} disagreeing row(s) in {len(seen)} kind(s){f', {bad} unusable' if bad else ''}")
     if seen:
         return EXIT_FOUND
-    return EXIT_USAGE if bad else EXIT_CLEAN
+    if bad:
+        return EXIT_USAGE
+    if not checked:  # a check that checked nothing must not pass
+        print("mambafuzz: conform checked no scenario (give files, or a longer --random)", file=sys.stderr)
+        return EXIT_TOOL
+    return EXIT_CLEAN

@@ -40,6 +40,14 @@ def test_the_conform_command_exit_codes(monkeypatch, capsys):
     assert main(["conform", str(V1_SKIP), "--runner", "v1"]) == 1
     assert "DISAGREE" in capsys.readouterr().out
     assert main(["conform"]) == 2
+    from fuzz import vllm_bridge as vb
+
+    def rejected(*args, **kwargs):
+        raise vb.ConfigRejected("simulated: every generated config refused")
+
+    monkeypatch.setattr(conform_check, "compare", rejected)
+    assert main(["conform", "--random", "0.5"]) == 3  # ran, but checked nothing: never a pass
+    assert "checked no scenario" in capsys.readouterr().err
 
 
 def test_a_copy_into_a_block_a_preempted_request_used_to_hold_is_the_rows_own():
