@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 GENERATORS = ("atheris", "hypothesis", "random")
+INTERRUPTED = {130, -2, -9, -15, 137, 143}
 
 
 def hunt(mutant: str, generator: str, seed: int, max_time: float) -> dict:
@@ -51,6 +52,8 @@ def hunt(mutant: str, generator: str, seed: int, max_time: float) -> dict:
              "--corpus", f"{tmp}/corpus", "--findings", f"{tmp}/findings", "--minimize-budget", "5"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=max_time + 300)
         row["wall"] = round(time.monotonic() - start, 1)
+        if proc.returncode in INTERRUPTED:  # stopped from outside: no result, and nothing to record
+            return {**row, "interrupted": True}
         if proc.returncode == 3:
             tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [""])[-1]
             return {**row, "tool_error": tail[:300]}
@@ -156,6 +159,8 @@ def main() -> int:
     try:
         with ThreadPoolExecutor(args.parallel) as pool:
             for r in pool.map(lambda t: hunt(*t, args.max_time), todo):
+                if r.get("interrupted"):
+                    continue
                 rows.append(r)
                 print(f"  {r['mutant']:32} {r['generator']:10} seed {r['seed']}: {describe(r)}", flush=True)
                 if args.jsonl:
