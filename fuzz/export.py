@@ -99,6 +99,13 @@ def _v1_accepted_source(case: Case, sig: str, title: str, why: str) -> str:
     )
 
 
+def finding_runner(case: Case) -> str | None:
+    """The model runner the finding was filed on (None: the scenario's own)."""
+    meta = case.extra.get("finding")
+    runner = meta.get("runner") if isinstance(meta, dict) else None
+    return runner if isinstance(runner, str) else None
+
+
 def fix_dir(case: Case) -> Path | None:
     """The candidate fix beside a case (corpus/upstream/<finding>/fix.py), if any."""
     d = case.path.parent
@@ -136,7 +143,8 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
     directory = fix_dir(case)
     title, body = _analysis(directory)
     sig = case_signature(case)
-    before = evaluate(case.scenario, "fixed", efficiency=False).verdict
+    runner = finding_runner(case)
+    before = evaluate(case.scenario, "fixed", efficiency=False, runner=runner).verdict
     body = re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", body, flags=re.M)  # under this report's headings
     parts = [f"# {title or case.path.stem}", "", "## What happens", "", body or "(no analysis on file)", "",
              "## Minimal reproduction", "",
@@ -144,11 +152,11 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
              "installed vLLM:", "", "```python", test_source(case, title).rstrip(), "```", "",
              "The scenario, for the mambafuzz harness (`mambafuzz repro FILE --trace` prints every chunk, slot "
              "write and newly hashed block):", "", "```json", case.scenario.dumps().rstrip(), "```", "",
-             "## Evidence", "", f"- signature `{sig}`"]
+             "## Evidence", "", f"- signature `{sig}`" + (f" (Model Runner {runner.upper()})" if runner else "")]
     parts += [f"- `{f.kind}`: {f.message}" for f in before.findings]
     if directory is not None:
         patches = patching.load_patches(str(directory / "fix.py"))
-        after = evaluate(case.scenario, "fixed", efficiency=False, patches=patches).verdict
+        after = evaluate(case.scenario, "fixed", efficiency=False, patches=patches, runner=runner).verdict
         parts += [f"- with the candidate fix: {'clean' if after.clean else after.primary.message}", "",
                   "## Candidate fix", "", "Applied to the installed vLLM by mambafuzz (`--patch`); as a change to "
                   "vLLM it is the edit or wrap below.", "", "```python", (directory / "fix.py").read_text().rstrip(),
