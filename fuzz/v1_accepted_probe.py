@@ -8,8 +8,8 @@ build a tiny one on CPU, add a request, set its accepted count, drop and re-add 
 `_update_states` does, read the count back. A patch of those methods (a candidate fix, a
 planted bug) therefore changes the harness's verdict.
 
-The answer is cached per identity of the probed functions, so the probe runs once per process
-and patch state, not per scenario or step. Without the V1 batch (see
+The answer is cached per identity of the probed functions (their code, wrapped code included),
+so the probe runs once per process and patch state, not per scenario, step or re-application. Without the V1 batch (see
 `vllm_compat.features.has_v1_accepted_probe`) the rule mirrored from vLLM 0.32 holds.
 """
 
@@ -39,7 +39,25 @@ def _probed() -> tuple[Any, ...] | None:
         return None
     if not has_v1_accepted_probe(batch, state):
         return None
-    return (batch, state, *(getattr(batch, m) for m in V1_BATCH_METHODS))
+    return (batch, state, *(_identity(getattr(batch, m)) for m in V1_BATCH_METHODS))
+
+
+def _identity(fn: Any, depth: int = 0) -> Any:
+    """A function's code and, recursively, the code of the functions its closure wraps: equal for
+    two applications of the same patch (each makes a new function object), different for a
+    different patch, so re-applying a fix per replay does not re-run the probe."""
+    code = getattr(fn, "__code__", None)
+    if code is None or depth > 8:
+        return fn
+    inner = []
+    for cell in fn.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(value):
+            inner.append(_identity(value, depth + 1))
+    return code, tuple(inner)
 
 
 def probe_keeps_accepted() -> bool:
