@@ -197,6 +197,8 @@ def _print_text(path: str, split: str, ev, expected: str | None, notes: list[str
     for f in v.findings:
         print(f"  {f.kind}: {f.message}")
         print(f"  signature: {f.signature}")
+        if f.fine_signature != f.signature:
+            print(f"  fine signature: {f.fine_signature}")
     for f in v.reports:
         print(f"  report ({f.kind}): {f.message}")
     if expected is not None:

@@ -45,18 +45,17 @@ triton_cpu.enable()
 import torch  # noqa: E402
 
 from fuzz.conform_rows import DECODE, PREFILL, SPEC_DECODE, RowInput, RowPlan, StepInput, Write  # noqa: E402
+from fuzz.v1_input_batch import cached_request, greedy_sampling, new_input_batch  # noqa: E402
 from fuzz.vllm_compat.api import (  # noqa: E402
     CachedRequestState,
     CommonAttentionMetadata,
     CpuGpuBuffer,
     GDNAttentionMetadataBuilder,
-    InputBatch,
     KVCacheConfig,
     KVCacheGroupSpec,
     Mamba2AttentionMetadataBuilder,
     MambaAttentionBackendEnum,
     MambaSpec,
-    SamplingParams,
     VllmConfig,
     get_temporal_copy_spec,
     reorder_batch_to_split_decodes_and_prefills,
@@ -107,11 +106,11 @@ class V1Worker:
         self.forward_context = {LAYER: SimpleNamespace(kv_cache=[self.state])}
         self.num_spec = vllm_config.num_speculative_tokens
         self.max_blocks = -(-max_model_len // self.spec.block_size) + self.num_spec + 2
-        self.input_batch = InputBatch(
+        self.input_batch = new_input_batch(
             max_num_reqs=max_num_reqs, max_model_len=max_model_len,
-            max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens, device=CPU,
-            vocab_size=vllm_config.model_config.get_vocab_size(), block_sizes=[self.spec.block_size],
-            max_num_blocks_per_req=[self.max_blocks], num_spec_tokens=self.num_spec,
+            max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+            vocab_size=vllm_config.model_config.get_vocab_size(), block_size=self.spec.block_size,
+            max_blocks=self.max_blocks, num_spec_tokens=self.num_spec,
         )
         self.requests: dict[str, CachedRequestState] = {}
         self.mamba_state_idx: dict[str, int] = {}
@@ -127,7 +126,7 @@ class V1Worker:
         }
         # GPUModelRunner.calculate_reorder_batch_threshold: the min over builders (full attention's is None)
         self.reorder_threshold = min(b.reorder_batch_threshold for b in self.builders.values())
-        self._sampling = SamplingParams(temperature=0.0, max_tokens=1)
+        self._sampling = greedy_sampling()
 
     def _worker_config(self, hash_block_size: int, cache_hit_alignment_tokens: int) -> VllmConfig:
         """The worker's view of the config: its cache config carries the two fields the engine core
@@ -202,11 +201,7 @@ class V1Worker:
         for r in step.rows:
             state = self.requests.get(r.req_id)
             if state is None or r.req_id in step.resumed:
-                state = CachedRequestState(
-                    req_id=r.req_id, prompt_token_ids=[0] * r.num_prompt_tokens, mm_features=[],
-                    sampling_params=self._sampling, generator=None, block_ids=(list(r.block_ids),),
-                    num_computed_tokens=r.num_computed, output_token_ids=[],
-                )
+                state = cached_request(r.req_id, r.num_prompt_tokens, r.block_ids, r.num_computed, self._sampling)
                 self.requests[r.req_id] = state
             state.num_computed_tokens = r.num_computed
             state.block_ids = (list(r.block_ids),)

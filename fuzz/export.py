@@ -20,9 +20,11 @@ from pathlib import Path
 
 from fuzz.corpus import Case
 from fuzz.export_template import TEMPLATE
+from fuzz.export_v1_template import V1_ACCEPTED_TEMPLATE
 from fuzz.scenario import ample_pool_blocks
 
 TINY_CONFIG = Path(__file__).parent / "tiny_model" / "config.json"
+V1_ACCEPTED_KEPT = "v1_accepted_kept"  # a check of V1's persistent batch, not of the scheduler
 
 
 class ExportError(ValueError):
@@ -35,6 +37,8 @@ def check_for(signature: str) -> str:
         return "published_state_written"
     if kind == "vllm_crash":
         return "no_crash"
+    if signature.endswith("/accepted-reset"):
+        return V1_ACCEPTED_KEPT
     if signature in ("stale_read:from-empty", "uninit_read:from-empty") or signature.endswith("/prefill-kept-drafts"):
         return "fresh_prompt_not_spec_row"
     raise ExportError(f"no scheduler-side assertion for {signature} yet")
@@ -56,6 +60,8 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
     """The exported test for `case` as Python source."""
     s = case.scenario
     sig = case_signature(case)
+    if check_for(sig) == V1_ACCEPTED_KEPT:
+        return _v1_accepted_source(case, sig, title, why)
     if s.acceptance and any(s.acceptance):
         why += "\nThe scenario's draft acceptance is not replayed (no drafts are proposed)."
     engine = dataclasses.asdict(s.engine)
@@ -73,6 +79,31 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
         max_steps=s.liveness_bound(), check=check_for(sig), model_config=json.dumps(json.loads(TINY_CONFIG.read_text())),
         test_name=name,
     )
+
+
+def _v1_accepted_source(case: Case, sig: str, title: str, why: str) -> str:
+    """A V1 accepted-count finding as a test of V1's persistent batch: the request the finding
+    names sits out one step beside the case's other requests."""
+    s = case.scenario
+    ids = s.request_ids()
+    meta = case.extra.get("finding") if isinstance(case.extra.get("finding"), dict) else {}
+    named = re.search(r"\b(" + "|".join(map(re.escape, ids)) + r") ran\b", str(meta.get("message", "")))
+    if named is None:
+        raise ExportError(f"{case.path}: the finding's message names no request of the case")
+    return V1_ACCEPTED_TEMPLATE.format(
+        title=title or f"Regression test for {case.path.stem}", case_name=case.path.name, signature=sig,
+        why=why.strip() + "\n" if why.strip() else "", block_size=s.engine.mamba_block_size,
+        num_spec=s.engine.num_speculative_tokens, max_model_len=s.max_model_len(),
+        prompt_lens={rid: s.prompt_len(i) for i, rid in enumerate(ids)}, skipping=named.group(1),
+        test_name=re.sub(r"\W+", "_", case.path.stem).strip("_").lower(),
+    )
+
+
+def finding_runner(case: Case) -> str | None:
+    """The model runner the finding was filed on (None: the scenario's own)."""
+    meta = case.extra.get("finding")
+    runner = meta.get("runner") if isinstance(meta, dict) else None
+    return runner if isinstance(runner, str) else None
 
 
 def fix_dir(case: Case) -> Path | None:
@@ -112,7 +143,8 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
     directory = fix_dir(case)
     title, body = _analysis(directory)
     sig = case_signature(case)
-    before = evaluate(case.scenario, "fixed", efficiency=False).verdict
+    runner = finding_runner(case)
+    before = evaluate(case.scenario, "fixed", efficiency=False, runner=runner).verdict
     body = re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", body, flags=re.M)  # under this report's headings
     parts = [f"# {title or case.path.stem}", "", "## What happens", "", body or "(no analysis on file)", "",
              "## Minimal reproduction", "",
@@ -120,11 +152,11 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
              "installed vLLM:", "", "```python", test_source(case, title).rstrip(), "```", "",
              "The scenario, for the mambafuzz harness (`mambafuzz repro FILE --trace` prints every chunk, slot "
              "write and newly hashed block):", "", "```json", case.scenario.dumps().rstrip(), "```", "",
-             "## Evidence", "", f"- signature `{sig}`"]
+             "## Evidence", "", f"- signature `{sig}`" + (f" (Model Runner {runner.upper()})" if runner else "")]
     parts += [f"- `{f.kind}`: {f.message}" for f in before.findings]
     if directory is not None:
         patches = patching.load_patches(str(directory / "fix.py"))
-        after = evaluate(case.scenario, "fixed", efficiency=False, patches=patches).verdict
+        after = evaluate(case.scenario, "fixed", efficiency=False, patches=patches, runner=runner).verdict
         parts += [f"- with the candidate fix: {'clean' if after.clean else after.primary.message}", "",
                   "## Candidate fix", "", "Applied to the installed vLLM by mambafuzz (`--patch`); as a change to "
                   "vLLM it is the edit or wrap below.", "", "```python", (directory / "fix.py").read_text().rstrip(),

@@ -99,17 +99,19 @@ class FindingStore:
         sweep_stale_temporaries(self.findings_dir)
         if self.known_bugs is None:
             self.known_bugs = getattr(self.known, "bugs", None)
-        # Signatures filed as new, here or by an earlier run into the same directory.
+        # Fine signatures filed as new, here or by an earlier run into the same directory (an
+        # older finding without one counts by its coarse signature).
         self.new_signatures: set[str] = set()
         for case in iter_cases([self.findings_dir], warn=lambda msg: None):
             meta = case.extra.get("finding")
             if isinstance(meta, dict) and meta.get("split") == self.split and meta.get("signature"):
-                self.new_signatures.add(meta["signature"])
+                self.new_signatures.add(meta.get("fine_signature") or meta["signature"])
 
-    def is_duplicate(self, scenario: Scenario, signature: str) -> attribution.Attribution | None:
+    def is_duplicate(self, scenario: Scenario, signature: str,
+                     fine_signature: str | None = None) -> attribution.Attribution | None:
         """None when the violation is new; else why it is not (a known bug's fix explains it, or
-        its signature was already filed as new)."""
-        if signature in self.new_signatures:
+        its fine signature, the coarse one plus the mechanism, was already filed as new)."""
+        if (fine_signature or signature) in self.new_signatures:
             return attribution.Attribution((), None, "signature already filed as new")
         if self.known_bugs is None:
             if signature in self.known:
@@ -127,18 +129,20 @@ class FindingStore:
         return any(b.has_usable_fix and attribution.clean_under(scenario, self.split, (b,)) for b in bugs)
 
     def handle(self, scenario: Scenario, signature: str, message: str, origin: dict,
-               raw: bytes | None = None) -> Filed | None:
-        """File a finding unless it is a known bug or a signature already filed; returns what
-        was written."""
+               raw: bytes | None = None, fine_signature: str | None = None) -> Filed | None:
+        """File a finding unless it is a known bug or a fine signature already filed; returns
+        what was written. `signature` (coarse) is what replays, minimization and attribution
+        match; `fine_signature` (default: the coarse one) only keys the within-campaign dedup."""
         self._closest = None
-        if self.is_duplicate(scenario, signature) is not None:
+        fine = fine_signature or signature
+        if self.is_duplicate(scenario, signature, fine) is not None:
             self.duplicates += 1
             return None
-        self.new_signatures.add(signature)
+        self.new_signatures.add(fine)
         closest = self._closest
         # A new bug that looks like a known one must not minimize into an instance of it.
         lookalikes = [closest.closest] if closest is not None and closest.closest is not None else []
-        name = slug(f"{self.split}-{signature}")
+        name = slug(f"{self.split}-{fine}")
         if raw is not None:
             atomic_write(self.findings_dir / "raw" / f"{name}.{content_name(raw, '.bin')}", raw)
         decoded = scenario.dumps()
@@ -155,7 +159,8 @@ class FindingStore:
             small, seconds = result.scenario, time.monotonic() - t0
         path = self.findings_dir / (f"flaky-{name}.json" if flaky else f"{name}.json")
         meta = {
-            "signature": signature, "kind": signature.split(":")[0], "split": self.split, "message": message,
+            "signature": signature, "fine_signature": fine, "kind": signature.split(":")[0], "split": self.split,
+            "message": message,
             "origin": origin, "reproduced": rate, "flaky": flaky, "vllm": vllm_version(),
             "minimized": {"requests": small.size()[0], "last_step": small.size()[1], "tokens": small.size()[2],
                           "seconds": round(seconds, 2), "from_size": list(scenario.size())},
@@ -170,6 +175,6 @@ class FindingStore:
             tag = "FLAKY" if flaky else "FOUND"
             like = (f"; NOT the known {closest.closest.name} ({closest.reason})"
                     if closest is not None and closest.closest is not None else "")
-            print(f"{tag} {signature} reproduced {rate} -> {path} (minimized to {small.size()[0]} requests, "
+            print(f"{tag} {fine} reproduced {rate} -> {path} (minimized to {small.size()[0]} requests, "
                   f"{small.size()[2]} tokens in {seconds:.1f}s){like}", flush=True)
         return filed

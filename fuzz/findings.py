@@ -10,20 +10,29 @@ class Finding(Exception):
     kind = "finding"
     fails = True  # False for report-only kinds
 
-    def __init__(self, message: str, location: str, step: int | None = None, request_id: str | None = None):
+    def __init__(self, message: str, location: str, step: int | None = None, request_id: str | None = None,
+                 mechanism: str = ""):
         super().__init__(message)
         self.message = message
         self.location = location
         self.step = step
         self.request_id = request_id
+        self.mechanism = mechanism  # how the wrong state got there (oracle.mechanism); "" when none applies
 
     @property
     def signature(self) -> str:
+        """The coarse key (`kind:location`): what corpus `expected` tables and known bugs record."""
         return f"{self.kind}:{self.location}"
 
+    @property
+    def fine_signature(self) -> str:
+        """The coarse key plus the mechanism (`kind:location|stop,admission,rule`): a campaign's
+        fast first dedup key, so two bugs that poison a slot the same way stay apart."""
+        return f"{self.signature}|{self.mechanism}" if self.mechanism else self.signature
+
     def to_json(self) -> dict:
-        return {"kind": self.kind, "signature": self.signature, "message": self.message,
-                "step": self.step, "request": self.request_id}
+        return {"kind": self.kind, "signature": self.signature, "fine_signature": self.fine_signature,
+                "message": self.message, "step": self.step, "request": self.request_id}
 
 
 class SlotHashMismatch(Finding):

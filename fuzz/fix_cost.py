@@ -30,15 +30,15 @@ class Tally:
     worse: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MEASURES, 0))  # scenarios made worse
 
 
-def measure(scenarios, patches) -> Tally:
+def measure(scenarios, patches, runner: str | None = None) -> Tally:
     from fuzz.pipeline import evaluate
     from fuzz.scenario import ScenarioError
 
     t = Tally()
     for s in scenarios:
         try:
-            a = evaluate(s, "fixed", efficiency=False)
-            b = evaluate(s, "fixed", efficiency=False, patches=patches)
+            a = evaluate(s, "fixed", efficiency=False, runner=runner)
+            b = evaluate(s, "fixed", efficiency=False, patches=patches, runner=runner)
         except ScenarioError:
             continue
         if a.trace.crash is not None or b.trace.crash is not None:
@@ -104,22 +104,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("fix", help="a fix.py, or package.module:NAME")
     p.add_argument("--random", type=int, default=100, metavar="N", help="generated scenarios per grid row")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--runner", choices=("v1", "v2"), help="model runner every scenario runs under (default: "
+                   "each scenario's own); a fix of one runner's worker code is measured on that runner")
     args = p.parse_args(argv)
     if args.random < 0:
         p.error("--random must not be negative")
     from fuzz import patching
 
-    print(cost_table(patching.load_patches(args.fix), args.random, args.seed))
+    print(cost_table(patching.load_patches(args.fix), args.random, args.seed, args.runner))
     return 0
 
 
-def cost_table(patches, random_per_row: int = 100, seed: int = 1) -> str:
+def cost_table(patches, random_per_row: int = 100, seed: int = 1, runner: str | None = None) -> str:
     """The markdown cost table of `patches`: the corpus, then each GRID row of generated scenarios."""
-    rows = [("corpus (seeds, regressions, upstream)", measure(corpus_scenarios(), patches))]
+    rows = [("corpus (seeds, regressions, upstream)", measure(corpus_scenarios(), patches, runner))]
     for name, overrides in GRID.items():
         if random_per_row:
             rows.append((f"{name} ({random_per_row}, seed {seed})",
-                         measure(grid_scenarios(random_per_row, seed, overrides), patches)))
+                         measure(grid_scenarios(random_per_row, seed, overrides), patches, runner)))
     return table(rows)
 
 

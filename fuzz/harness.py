@@ -83,7 +83,10 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
     trace = Trace(split=split_name, prefix_caching=prefix_caching, step_bound=scenario.liveness_bound(),
                   mixer=scenario.engine.mixer,
                   mamba_block_size=engine.mamba_block_size,
-                  internal_checkpoints=engine.enable_prefix_caching and engine.num_prefill_checkpoint_blocks > 0)
+                  internal_checkpoints=engine.enable_prefix_caching and engine.num_prefill_checkpoint_blocks > 0,
+                  prompt_lens={rid: scenario.prompt_len(i) for i, rid in enumerate(scenario.request_ids())},
+                  token_budget=engine.max_num_batched_tokens,
+                  long_prefill_threshold=engine.long_prefill_token_threshold)
     try:
         session = vb.SchedulerSession(engine, num_blocks, scenario.max_model_len(), split)
     except vb.ConfigRejected as exc:

@@ -18,7 +18,7 @@ from fuzz.findings import (
     VllmCrash,
 )
 from fuzz.state import State
-from fuzz.trace import Trace
+from fuzz.trace import Chunk, SlotWrite, StepRecord, Trace
 
 
 def _relation(held: State, claimed: State) -> str:
@@ -34,15 +34,73 @@ def _relation(held: State, claimed: State) -> str:
     return "foreign"
 
 
-def last_write(trace: Trace, block_id: int, before_step: int) -> tuple[str, str]:
-    """Who last wrote `block_id`: (sentence for the message, write cause for the signature)."""
+def _writer(trace: Trace, block_id: int, before_step: int) -> tuple[StepRecord, SlotWrite] | None:
+    """The step and write that last wrote `block_id` up to `before_step`."""
     for rec in reversed(trace.steps[: before_step + 1]):
         for w in reversed(rec.writes):
             if w.block_id == block_id:
-                chunk = next((c for c in rec.chunks if c.request_id == w.request_id), None)
-                span = f" (chunk {chunk.start}..{chunk.end})" if chunk else ""
-                return f"last written at step {rec.step} by {w.request_id} [{w.cause}]{span}", w.cause
-    return "never written by any modelled kernel", "unwritten"
+                return rec, w
+    return None
+
+
+def last_write(trace: Trace, block_id: int, before_step: int) -> tuple[str, str]:
+    """Who last wrote `block_id`: (sentence for the message, write cause for the signature)."""
+    found = _writer(trace, block_id, before_step)
+    if found is None:
+        return "never written by any modelled kernel", "unwritten"
+    rec, w = found
+    chunk = next((c for c in rec.chunks if c.request_id == w.request_id), None)
+    span = f" (chunk {chunk.start}..{chunk.end})" if chunk else ""
+    return f"last written at step {rec.step} by {w.request_id} [{w.cause}]{span}", w.cause
+
+
+# ---- the mechanism: the finer half of a signature ---------------------------------------
+def chunk_stop(trace: Trace, rec: StepRecord, c: Chunk) -> str:
+    """What ended chunk `c` of step `rec`: the request's end (or a decode row), the long-prefill
+    threshold, the step's token budget, a block boundary, or none of these (a mid-block stop)."""
+    prompt = trace.prompt_lens.get(c.request_id)
+    if prompt is not None and c.start >= prompt:
+        return "decode"
+    if prompt is not None and c.end >= prompt:
+        return "request-end"
+    if trace.long_prefill_threshold and c.num_tokens - c.num_drafts == trace.long_prefill_threshold:
+        return "long-prefill"
+    if trace.token_budget and sum(x.num_tokens for x in rec.chunks) >= trace.token_budget:
+        return "token-budget"
+    if trace.mamba_block_size and c.end % trace.mamba_block_size == 0:
+        return "block-end"
+    return "mid-block"
+
+
+def admission_path(trace: Trace, request_id: str, step: int) -> str:
+    """How `request_id` was last admitted up to `step`: fresh, with a prefix hit, through the
+    connector (sync or async load), or resumed after a preemption."""
+    admitted_at, admission = None, None
+    for rec in trace.steps[: step + 1]:
+        for a in rec.admissions:
+            if a.request_id == request_id:
+                admitted_at, admission = rec.step, a
+    if admission is None:
+        return "unadmitted"
+    if any(request_id in rec.preempted for rec in trace.steps[:admitted_at]):
+        return "resumed"
+    if admission.external_tokens:
+        return "connector-async" if admission.external_async else "connector-sync"
+    return "prefix-hit" if admission.local_hit_tokens else "fresh"
+
+
+def mechanism(trace: Trace, block_id: int, step: int, owner: str, written_by: int | None = None) -> str:
+    """`stop,admission,rule` for a wrong state in `block_id` seen at `step`: what ended the chunk
+    that last wrote the block, how its owning request was admitted, and which runner rule wrote
+    it (chunk-end, precopy, postcopy, checkpoint, spec-token, cow, connector, zero). The write
+    is looked for up to `written_by` (default `step`; a read looks before its own step)."""
+    found = _writer(trace, block_id, step if written_by is None else written_by)
+    if found is None:
+        return f"unwritten,{admission_path(trace, owner, step)},none"
+    rec, w = found
+    chunk = next((c for c in rec.chunks if c.request_id == w.request_id), None)
+    stop = chunk_stop(trace, rec, chunk) if chunk is not None else "no-chunk"
+    return f"{stop},{admission_path(trace, owner, step)},{w.cause}"
 
 
 def check_slot_hashes(trace: Trace) -> Finding | None:
@@ -67,6 +125,7 @@ def check_slot_hashes(trace: Trace) -> Finding | None:
                     f"step {rec.step}: mamba block {e.block_id} (slot {e.column} of {e.claimed_by}) is published "
                     f"as the state after {e.claimed.num_tokens} tokens but holds {e.held} ({rel}); {writer}",
                     location=f"{rel}/{cause}", step=rec.step, request_id=e.claimed_by,
+                    mechanism=mechanism(trace, e.block_id, rec.step, e.claimed_by),
                 )
             if e.primary and e.recorded_tokens is not None and e.recorded_tokens != e.claimed.num_tokens:
                 return SlotHashMismatch(
@@ -151,8 +210,10 @@ def check_reads(trace: Trace, uncached: Trace | None = None) -> Finding | None:
         for c in rec.chunks:
             if c.read_state != c.true_state:
                 cause = last_write(trace, c.read_block, rec.step - 1)[1]
-                return _read_finding(rec.step, c, (c.request_id, c.start) in shared, cause=cause,
-                                     after_reset=(rec.step, c.request_id) in trace.after_accepted_reset)
+                finding = _read_finding(rec.step, c, (c.request_id, c.start) in shared, cause=cause,
+                                        after_reset=(rec.step, c.request_id) in trace.after_accepted_reset)
+                finding.mechanism = mechanism(trace, c.read_block, rec.step, c.request_id, rec.step - 1)
+                return finding
     return None
 
 
@@ -167,6 +228,7 @@ def check_nocache_reads(uncached: Trace, cached: Trace) -> Finding | None:
                 finding = _read_finding(rec.step, c, False, nocache=True, cause=cause,
                                         after_reset=(rec.step, c.request_id) in uncached.after_accepted_reset)
                 finding.message = "prefix caching off: " + finding.message
+                finding.mechanism = mechanism(uncached, c.read_block, rec.step, c.request_id, rec.step - 1)
                 return finding
     return None
 

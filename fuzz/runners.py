@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from fuzz import v1_accepted_probe
+
 RUNNERS = ("v1", "v2")
 
 
@@ -36,14 +38,23 @@ class BuilderInputs(NamedTuple):
     decode_drafts: int  # num_decode_draft_tokens_cpu: drafts of a decode row, -1 for any other row
 
 
+class _ProbedV1Rule:
+    """A class attribute read from vLLM's own V1 InputBatch (fuzz/v1_accepted_probe.py, cached
+    per patch state) instead of a constant."""
+
+    def __get__(self, obj: object, owner: type) -> bool:
+        return v1_accepted_probe.resets_accepted_when_unscheduled()
+
+
 class V1Runner:
     """Model Runner V1 (the default only with VLLM_USE_V2_MODEL_RUNNER=0 or without Triton)."""
 
     name = "v1"
     # gpu_model_runner.py `_update_states` drops every request not scheduled this step from the
-    # persistent batch; `InputBatch.add_request` (gpu_input_batch.py) re-adds it with
-    # num_accepted_tokens_cpu = 1, while `mamba_state_idx` keeps its column.
-    resets_accepted_when_unscheduled = True
+    # persistent batch; vLLM 0.32's `InputBatch.add_request` (gpu_input_batch.py:479) re-adds it
+    # with num_accepted_tokens_cpu = 1, while `mamba_state_idx` keeps its column. Asked of the
+    # installed InputBatch, so a patch of it changes the answer.
+    resets_accepted_when_unscheduled = _ProbedV1Rule()
 
     @staticmethod
     def builder_inputs(row: RowFacts, spec_engine: bool, num_speculative_tokens: int = 0) -> BuilderInputs:

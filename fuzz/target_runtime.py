@@ -57,7 +57,8 @@ class Runtime:
             if not v.clean:
                 origin = dict(origin, engine=self.config.generator, execs=self.execs,
                               seconds=round(time.monotonic() - self.started, 2))
-                filed = self.store.handle(scenario, v.primary.signature, v.primary.message, origin, raw)
+                filed = self.store.handle(scenario, v.primary.signature, v.primary.message, origin, raw,
+                                          fine_signature=v.primary.fine_signature)
                 if filed is not None:
                     self.report_finding(filed)
         except ScenarioError:

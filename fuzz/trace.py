@@ -103,6 +103,10 @@ class Trace:
     # (step, request) of the first row after V1 reset the request's accepted-token count
     after_accepted_reset: set[tuple[int, str]] = field(default_factory=set)
     internal_checkpoints: bool = False  # the mamba spec exports internal prefill checkpoints
+    # what can end a chunk, for the oracle's mechanism (fuzz/oracle.py `mechanism`)
+    prompt_lens: dict[str, int] = field(default_factory=dict)
+    token_budget: int = 0  # max_num_batched_tokens
+    long_prefill_threshold: int = 0  # long_prefill_token_threshold (0: off)
     # efficiency counters, for the differential against a reference split
     forward_steps: int = 0
     hashed_snapshots: int = 0

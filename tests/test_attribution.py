@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from fuzz import attribution, corpus, patching
+from fuzz.export import finding_runner
 from fuzz.finding_store import FindingStore, known_signatures
 from fuzz.pipeline import evaluate
+from fuzz.scenario import with_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / "corpus" / "upstream"
@@ -52,11 +54,12 @@ def test_signature_only_store_would_have_hidden_it(tmp_path):
 @pytest.mark.parametrize("path", sorted(p for p in UPSTREAM.rglob("*.json") if (p.parent / "fix.py").is_file()),
                          ids=lambda p: p.name)
 def test_upstream_case_is_attributed_to_its_own_bug(path):
-    """(A finding without a candidate fix is, by design, not attributable: see its README.)"""
+    """On the model runner it was filed on (a V1 worker bug is clean on V2)."""
     case = corpus.load_case(path)
+    scenario = with_runner(case.scenario, finding_runner(case))
     bugs = attribution.known_bugs_for(KNOWN, "fixed")
-    v = evaluate(case.scenario, "fixed", efficiency=False).verdict
-    att = attribution.attribute(case.scenario, "fixed", v.primary.signature, bugs)
+    v = evaluate(scenario, "fixed", efficiency=False).verdict
+    att = attribution.attribute(scenario, "fixed", v.primary.signature, bugs)
     assert [b.name for b in att.known][:1] == [path.parent.name], att.reason
 
 
@@ -101,3 +104,14 @@ def test_patches_are_restored():
                 assert vars(owner).get(attr) is not before[p.target]
     assert {t: vars(owner).get(attr) for t, (owner, attr) in targets.items()} == before
     assert not patching._split_wraps
+
+
+def test_a_campaign_dedups_by_fine_signature(tmp_path):
+    """Within a campaign the fine signature is the first key: the same coarse signature with
+    another mechanism is not a duplicate; the same fine signature is."""
+    scenario = collision_scenario()
+    store = FindingStore(tmp_path / "f", "fixed", known=set(), announce=False)
+    store.new_signatures.add("slot_hash:short/chunk-end|token-budget,fresh,chunk-end")
+    coarse = "slot_hash:short/chunk-end"
+    assert store.is_duplicate(scenario, coarse, coarse + "|token-budget,fresh,chunk-end") is not None
+    assert store.is_duplicate(scenario, coarse, coarse + "|long-prefill,fresh,chunk-end") is None

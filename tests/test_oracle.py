@@ -166,3 +166,39 @@ def test_the_first_row_after_v1_reset_an_accepted_count_is_the_runners_doing():
     other = clean_trace()
     other.outputs = {"r0": [5, 9]}
     assert oracle.check_outputs(t, other) is None  # explained by the read, not by prefix caching
+
+
+def _poisoned_by(stop_tokens: int, budget: int, threshold: int, admission_hit: int):
+    """A slot published as state@16 holding state@10, written at the end of a chunk 0..10 of r0
+    (prompt 30); what ended that chunk and how r0 was admitted are the parameters."""
+    from fuzz.trace import Admission
+
+    t = Trace(split="fixed", prefix_caching=True, step_bound=50, mamba_block_size=16, prompt_lens={"r0": 30},
+              token_budget=budget, long_prefill_threshold=threshold)
+    t.steps = [StepRecord(0, admissions=[Admission("r0", admission_hit, 0, False)], chunks=[chunk(0, stop_tokens)],
+                          writes=[SlotWrite("r0", 0, 7, TRUTH.at(10), "chunk-end")],
+                          cache=[CacheEntry(7, 0, TRUTH.at(16), TRUTH.at(10), "r0", True, True, 16)])]
+    return oracle.check_slot_hashes(t)
+
+
+def test_same_coarse_signature_different_mechanism_gets_different_fine_signatures():
+    """Two bugs that poison a slot the same way (`slot_hash:short/chunk-end`): one chunk ended on
+    the token budget, the other on the long-prefill threshold; a third differs in admission."""
+    by_budget = _poisoned_by(10, budget=10, threshold=0, admission_hit=0)
+    by_threshold = _poisoned_by(10, budget=64, threshold=10, admission_hit=0)
+    after_hit = _poisoned_by(10, budget=10, threshold=0, admission_hit=16)
+    assert by_budget.signature == by_threshold.signature == after_hit.signature == "slot_hash:short/chunk-end"
+    assert by_budget.fine_signature == "slot_hash:short/chunk-end|token-budget,fresh,chunk-end"
+    assert by_threshold.fine_signature == "slot_hash:short/chunk-end|long-prefill,fresh,chunk-end"
+    assert after_hit.fine_signature == "slot_hash:short/chunk-end|token-budget,prefix-hit,chunk-end"
+    assert by_budget.to_json()["fine_signature"] == by_budget.fine_signature
+
+
+def test_chunk_stop_names_what_ended_a_chunk():
+    t = Trace(split="fixed", prefix_caching=True, step_bound=50, mamba_block_size=16, prompt_lens={"r0": 30},
+              token_budget=64)
+    rec = StepRecord(0)
+    assert oracle.chunk_stop(t, rec, chunk(16, 14)) == "request-end"
+    assert oracle.chunk_stop(t, rec, chunk(30, 1)) == "decode"
+    assert oracle.chunk_stop(t, rec, chunk(0, 16)) == "block-end"
+    assert oracle.chunk_stop(t, rec, chunk(0, 10)) == "mid-block"

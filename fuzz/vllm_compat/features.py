@@ -45,3 +45,15 @@ def has_prefill_checkpoint_rule(mamba_spec: type, position_fn: object, valid_fn:
     MambaSpec knobs plus the two functions that say where a checkpoint lands."""
     return (not isinstance(position_fn, Missing) and not isinstance(valid_fn, Missing)
             and {"num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment"} <= init_params(mamba_spec))
+
+
+V1_BATCH_METHODS = ("add_request", "remove_request", "condense")
+
+
+def has_v1_accepted_probe(input_batch: object, cached_request_state: object) -> bool:
+    """Whether Model Runner V1's persistent batch can be asked how it keeps a request's accepted-
+    token count across a skipped step (fuzz/v1_accepted_probe.py): the V1 `InputBatch` and
+    `CachedRequestState` with the methods `_update_states` calls. Without them the kernel model
+    falls back to the rule mirrored from vLLM 0.32 (a re-added request restarts at 1)."""
+    return (isinstance(input_batch, type) and isinstance(cached_request_state, type)
+            and all(callable(getattr(input_batch, m, None)) for m in V1_BATCH_METHODS))

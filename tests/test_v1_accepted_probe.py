@@ -1,0 +1,52 @@
+"""Model Runner V1's accepted-count rule comes from vLLM's own InputBatch, once per patch state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fuzz import patching, v1_accepted_probe
+from fuzz.corpus import load_case
+from fuzz.pipeline import evaluate
+from fuzz.runners import V1Runner, V2Runner
+from fuzz.vllm_compat.features import has_v1_accepted_probe
+
+FINDING = Path(__file__).resolve().parent.parent / "corpus" / "upstream" / "v1_unscheduled_step_forgets_accepted_tokens"
+CASE = FINDING / "v1_unscheduled_step_forgets_accepted_tokens.json"
+
+
+def test_vllm_0_32_v1_resets_and_the_fix_keeps_the_count():
+    assert V1Runner.resets_accepted_when_unscheduled is True
+    assert V2Runner.resets_accepted_when_unscheduled is False
+    with patching.applied(patching.load_patches(str(FINDING / "fix.py"))):
+        assert V1Runner.resets_accepted_when_unscheduled is False
+    assert V1Runner.resets_accepted_when_unscheduled is True
+
+
+def test_the_probe_runs_once_per_patch_state_not_per_scenario():
+    scenario = load_case(CASE).scenario
+    V1Runner.resets_accepted_when_unscheduled  # noqa: B018  (this process's unpatched answer, cached)
+    before = v1_accepted_probe.probe_runs
+    for _ in range(3):
+        assert evaluate(scenario, "fixed", efficiency=False, runner="v1").verdict.kind == "nocache_stale_read"
+    assert v1_accepted_probe.probe_runs == before
+    patches = patching.load_patches(str(FINDING / "fix.py"))
+    for _ in range(3):
+        assert evaluate(scenario, "fixed", efficiency=False, runner="v1", patches=patches).verdict.clean
+    assert v1_accepted_probe.probe_runs <= before + 1
+
+
+def test_without_a_v1_batch_the_mirrored_rule_holds(monkeypatch):
+    monkeypatch.setattr(v1_accepted_probe, "_probed", lambda: None)
+    monkeypatch.setattr(v1_accepted_probe, "probe_keeps_accepted", lambda: (_ for _ in ()).throw(AssertionError))
+    assert V1Runner.resets_accepted_when_unscheduled is v1_accepted_probe.MIRRORED_RESET is True
+    assert "mirrored" in v1_accepted_probe.rule_source()
+
+
+def test_feature_detection_needs_the_batch_methods():
+    class OldBatch:
+        def add_request(self, request): ...
+
+    assert not has_v1_accepted_probe(OldBatch, object)
+    from fuzz.vllm_compat.api import CachedRequestState, InputBatch
+
+    assert has_v1_accepted_probe(InputBatch, CachedRequestState)
