@@ -20,7 +20,7 @@ from pathlib import Path
 from fuzz import attribution
 from fuzz.corpus import atomic_write, case_json, content_name, iter_cases
 from fuzz.minimizer import minimize
-from fuzz.pipeline import same_signature
+from fuzz.pipeline import fine_signature_of, same_signature
 from fuzz.scenario import Scenario
 from fuzz.vllm_compat.about import vllm_version
 
@@ -106,6 +106,8 @@ class FindingStore:
             meta = case.extra.get("finding")
             if isinstance(meta, dict) and meta.get("split") == self.split and meta.get("signature"):
                 self.new_signatures.add(meta.get("fine_signature") or meta["signature"])
+                if meta.get("fine_signature_found"):
+                    self.new_signatures.add(meta["fine_signature_found"])
 
     def is_duplicate(self, scenario: Scenario, signature: str,
                      fine_signature: str | None = None) -> attribution.Attribution | None:
@@ -158,8 +160,10 @@ class FindingStore:
                               time_budget=self.minimize_budget)
             small, seconds = result.scenario, time.monotonic() - t0
         path = self.findings_dir / (f"flaky-{name}.json" if flaky else f"{name}.json")
+        # Minimizing keeps the coarse signature; the mechanism may move, so the file says both.
+        fine_small = fine if small is scenario else (fine_signature_of(small, self.split) or fine)
         meta = {
-            "signature": signature, "fine_signature": fine, "kind": signature.split(":")[0], "split": self.split,
+            "signature": signature, "fine_signature": fine_small, "fine_signature_found": fine, "kind": signature.split(":")[0], "split": self.split,
             "message": message,
             "origin": origin, "reproduced": rate, "flaky": flaky, "vllm": vllm_version(),
             "minimized": {"requests": small.size()[0], "last_step": small.size()[1], "tokens": small.size()[2],

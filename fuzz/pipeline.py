@@ -50,6 +50,15 @@ def signature_of(scenario: Scenario, split: str = "fixed", patches: Sequence[pat
     return None if v.clean else v.primary.signature
 
 
+def fine_signature_of(scenario: Scenario, split: str = "fixed", patches: Sequence[patching.Patch] = ()) -> str | None:
+    """The primary finding's fine signature (the coarse one plus its mechanism), or None."""
+    try:
+        v = evaluate(scenario, split, efficiency=False, patches=patches).verdict
+    except ScenarioError:
+        return None
+    return None if v.clean else v.primary.fine_signature
+
+
 def same_signature(scenario: Scenario, split: str, signature: str, patches: Sequence[patching.Patch] = ()) -> bool:
     """Does `scenario` still fail under `split` with exactly `signature`?"""
     return signature_of(scenario, split, patches) == signature
