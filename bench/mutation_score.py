@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 GENERATORS = ("atheris", "hypothesis", "random")
 INTERRUPTED = {130, -2, -9, -15, 137, 143}
+CONFIRM_LOCK = threading.Lock()
 
 
 def hunt(mutant: str, generator: str, seed: int, max_time: float) -> dict:
@@ -68,7 +70,8 @@ def hunt(mutant: str, generator: str, seed: int, max_time: float) -> dict:
         from fuzz.corpus import load_case
         from fuzz.mutants import confirms_kill
 
-        ok, why = confirms_kill(load_case(files[0]).scenario, "fixed", mutant, meta["signature"])
+        with CONFIRM_LOCK:  # patching vLLM is process-wide: two confirmations at once undo each other
+            ok, why = confirms_kill(load_case(files[0]).scenario, "fixed", mutant, meta["signature"])
         return {**row, "killed": ok, "confirmation": why, "unconfirmed": not ok}
 
 
