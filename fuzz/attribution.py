@@ -4,8 +4,8 @@ Anything else is new, whatever its signature; the known bug with the same signat
 named (`closest`) so a message can say what it looked like.
 
 Signatures are the fast first key: known bugs with the finding's signature are tried first,
-then the others of the same kind, then all those fixes together (a scenario can show two
-known bugs at once). A known bug whose fix no longer applies to the installed vLLM falls back
+then the others of the same kind, then every known fix together, cut down to the ones the
+scenario needs (a scenario can show two known bugs at once, of different kinds). A known bug whose fix no longer applies to the installed vLLM falls back
 to replay of its own cases: if they still fail with the finding's signature the finding is
 counted as that bug (and the reason says the fix could not be checked), else it is new.
 """
@@ -64,6 +64,17 @@ def still_present(bug: KnownBug) -> bool:
     return any(_signature_of(c.scenario, "fixed") in bug.signatures for c in bug.cases)
 
 
+def minimal_explanation(scenario, split: str, bugs: list[KnownBug]) -> list[KnownBug]:
+    """The fixes of `bugs` (which together make `scenario` replay clean) that it still needs:
+    each is dropped in turn and stays dropped while the rest keep the replay clean."""
+    needed = list(bugs)
+    for b in bugs:
+        rest = [x for x in needed if x is not b]
+        if rest and clean_under(scenario, split, rest):
+            needed = rest
+    return needed
+
+
 def attribute(scenario, split: str, signature: str, bugs: list[KnownBug]) -> Attribution:
     """Attribute a scenario that fails under `split` with `signature` (precondition) to the
     known bugs whose fixes explain it, or call it new."""
@@ -75,9 +86,11 @@ def attribute(scenario, split: str, signature: str, bugs: list[KnownBug]) -> Att
     for b in usable:
         if clean_under(scenario, split, (b,)):
             return Attribution((b,), closest, f"replays clean with the fix of {b.name}")
-    if len(usable) > 1 and clean_under(scenario, split, usable):
-        names = " + ".join(b.name for b in usable)
-        return Attribution(tuple(usable), closest, f"replays clean only with the fixes of {names} together")
+    together = [b for b in bugs if b.has_usable_fix]  # a second known bug may be of another kind
+    if len(together) > 1 and clean_under(scenario, split, together):
+        needed = minimal_explanation(scenario, split, together)
+        names = " + ".join(b.name for b in needed)
+        return Attribution(tuple(needed), closest, f"replays clean only with the fixes of {names} together")
     for b in same:
         if b.fix_error is not None and still_present(b):
             return Attribution((b,), closest, f"the fix of {b.name} no longer applies ({b.fix_error}); its cases "

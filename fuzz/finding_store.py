@@ -128,7 +128,12 @@ class FindingStore:
         return None
 
     def _explained(self, scenario: Scenario, bugs: list[attribution.KnownBug]) -> bool:
-        return any(b.has_usable_fix and attribution.clean_under(scenario, self.split, (b,)) for b in bugs)
+        """Would a known fix explain `scenario`: one of `bugs` alone, or every known fix together
+        (else minimizing can keep a second known bug that no single fix removes)."""
+        if any(b.has_usable_fix and attribution.clean_under(scenario, self.split, (b,)) for b in bugs):
+            return True
+        together = [b for b in self.known_bugs or () if b.has_usable_fix]
+        return len(together) > 1 and attribution.clean_under(scenario, self.split, together)
 
     def handle(self, scenario: Scenario, signature: str, message: str, origin: dict,
                raw: bytes | None = None, fine_signature: str | None = None) -> Filed | None:

@@ -115,3 +115,16 @@ def test_a_campaign_dedups_by_fine_signature(tmp_path):
     coarse = "slot_hash:short/chunk-end"
     assert store.is_duplicate(scenario, coarse, coarse + "|token-budget,fresh,chunk-end") is not None
     assert store.is_duplicate(scenario, coarse, coarse + "|long-prefill,fresh,chunk-end") is None
+
+
+def test_two_known_bugs_of_different_kinds_in_one_scenario_are_both_named():
+    """The mutation bench's control filed this as new on unmodified vLLM: no single fix makes it
+    clean (each leaves the other bug), and only same-kind fixes were tried together."""
+    scenario = corpus.load_case(ROOT / "tests" / "data" / "two_known_bugs_in_one_scenario.json").scenario
+    bugs = attribution.known_bugs_for(KNOWN, "fixed")
+    v = evaluate(scenario, "fixed", efficiency=False).verdict
+    assert v.primary.signature == "slot_hash:short/connector+ckpt"
+    assert not any(attribution.clean_under(scenario, "fixed", (b,)) for b in bugs if b.has_usable_fix)
+    att = attribution.attribute(scenario, "fixed", v.primary.signature, bugs)
+    assert sorted(b.name for b in att.known) == ["internal_checkpoint_midblock_resume",
+                                                 "spec_pad_one_token_prompt_unzeroed_block"], att.reason
