@@ -76,8 +76,9 @@ def _mirror_effect(km: KernelModel, s: Scenario, r) -> Effect:
     table = list(r.block_ids)
     spec = s.engine.uses_spec_decode
     curr = -(-(r.num_computed + r.num_scheduled) // bs) - 1
-    prev = km._prev_column.get(r.req_id, (r.num_computed - 1) // bs)
-    src = prev + km._num_accepted.get(r.req_id, 1) - 1
+    running, accepted = km.worker_state(r.req_id)
+    prev = (r.num_computed - 1) // bs if running is None else running
+    src = prev + accepted - 1
     self_copy = prev != curr and 0 <= src < len(table) and table[src] == table[curr]
     spec_row = spec and km.is_spec_row(r.num_computed, r.num_scheduled, r.num_drafts, r.num_prompt_tokens)
     res = km.run_row(r.req_id, table, r.num_computed, [1] * r.num_scheduled, r.num_drafts, spec_row)
@@ -86,7 +87,7 @@ def _mirror_effect(km: KernelModel, s: Scenario, r) -> Effect:
     ckpt = tuple(sorted(b for _, b, _, cause in res.writes if cause == "checkpoint"))
     post: tuple = ()
     if spec:
-        psrc = km._prev_column[r.req_id]
+        psrc = km.worker_state(r.req_id)[0]  # set by run_row above
         resolved = r.num_computed + r.num_scheduled - r.num_drafts
         aligned = (resolved + r.num_sampled - 1) // bs * bs
         pself = aligned >= resolved and table[psrc + aligned - resolved] == table[aligned // bs - 1]
