@@ -151,6 +151,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from fuzz.supervisor import CampaignConfig, finding_meta, run_campaign
     from fuzz.vllm_compat.resolve import check_all
 
+    if args.target == "conform":  # before check_all imports vLLM's kernel modules with Triton off, since a
+        from fuzz import triton_cpu  # --patch checked here may name a conformance module (which needs them on)
+
+        triton_cpu.enable()
     check_all()  # an unsupported vLLM: one line and exit 3 here, not workers that die silently
     try:
         splits.resolve(args.split)
