@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterator
 from fuzz import harness, pipeline
 from fuzz import vllm_bridge as vb
 from fuzz.scenario import EngineConfig, RequestSpec, Scenario, ample_pool_blocks, validate
-from fuzz.step_plan import StepPlan
+from fuzz.step_plan import StepPlan, propose_drafts
 
 CONST_TOKEN = 7  # the bare loop's sampled (and drafted) token
 FRESH_BLOCKS = 10_000
@@ -139,16 +139,7 @@ def bare_run(s: Scenario, prompts: list[list[int]], prefix_caching: bool = True)
             sampled[rid] = [CONST_TOKEN] * n
         session.feed(out, sampled, set())
         if spec:
-            accept_next.clear()
-            acc = s.acceptance[step % len(s.acceptance)] if s.acceptance else k
-            drafts_out: dict[str, list[int]] = {}
-            for rid in out.num_scheduled_tokens:
-                req = session.request(rid)
-                if (req is not None and not req.is_finished() and req.num_output_tokens > 0
-                        and req.num_computed_tokens >= req.num_tokens - 1):
-                    drafts_out[rid] = [CONST_TOKEN] * k
-                    accept_next[rid] = acc
-            session.set_drafts(drafts_out)
+            accept_next = propose_drafts(session, out.num_scheduled_tokens, step, s, CONST_TOKEN)
         step += 1
     return step
 

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from fuzz.cli_options import add_patch_argument, patches_or_usage
 from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE
 
 
@@ -28,11 +29,12 @@ def add_conform_command(sub: Any) -> None:
     c.add_argument("--random", type=float, default=0.0, metavar="SECONDS",
                    help="also check generated scenarios for this long")
     c.add_argument("--seed", type=int, default=1, metavar="N", help="PRNG seed for --random (default 1)")
+    add_patch_argument(c)  # a case filed by `fuzz --target conform --patch` replays under the same patches
     c.set_defaults(handler=cmd_conform)
 
 
 def cmd_conform(args: argparse.Namespace) -> int:
-    from fuzz import conform_check, corpus
+    from fuzz import conform_check, conform_target, corpus, patching
     from fuzz import vllm_bridge as vb
     from fuzz.generate import random_scenario
     from fuzz.scenario import ScenarioError, validate
@@ -44,15 +46,17 @@ def cmd_conform(args: argparse.Namespace) -> int:
         print("mambafuzz: give scenario FILEs or --random SECONDS (see --help)", file=sys.stderr)
         return EXIT_USAGE
     runners = tuple(args.runner or conform_check.RUNNERS)
+    patches = patches_or_usage(args.patch)
     seen: collections.Counter = collections.Counter()
     bad = checked = 0
 
     def check(scenario, where: str) -> None:
         nonlocal checked
-        for d in conform_check.compare(scenario, runners):
-            seen[d.key] += 1
-            if seen[d.key] == 1:
-                print(f"DISAGREE {where} {d.describe()}", flush=True)
+        with patching.applied(patches):
+            for d in conform_check.compare(scenario, runners):
+                seen[d.key] += 1
+                if seen[d.key] == 1:
+                    print(f"DISAGREE {conform_target.signature(d)} {where} {d.describe()}", flush=True)
         checked += 1
 
     for path in args.files:

@@ -10,11 +10,18 @@ from pathlib import Path
 
 from fuzz.cli_options import RUNNER_HELP, SPLIT_HELP, add_patch_argument, patches_or_usage
 from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE, UsageError, one_line
+from fuzz.worker_protocol import TARGETS
 
 GENERATORS = ("atheris", "hypothesis", "random")
 DEFAULT_KNOWN = ["corpus/regressions", "corpus/upstream"]
 DEFAULT_SEEDS = ["corpus/seeds"]
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where the corpus lives in a checkout
+TARGET_HELP = ("what judges each input: scheduler (the default: the oracles check the prefix cache on vLLM's real "
+               "scheduler) or conform (the kernel model, i.e. the simulated worker the oracles rely on, against "
+               "vLLM's own worker code called on CPU, row by row, as `mambafuzz conform` does; a disagreement is "
+               "filed as conform:<field>/<mixer>@<runner> and replays with `mambafuzz conform FILE --runner R`; "
+               "--runner picks the runner checked, default both; coverage also comes from the kernel model and the "
+               "conformance tier; slow: Triton's interpreter)")
 CONFIRM_HELP = ("Re-run the minimized finding on a real vLLM engine (CPU backend, `mambafuzz engine-repro`) and "
                 "record diverged/agreed/crashed/skipped (with the reason) as finding.engine_confirmation.")
 
@@ -28,6 +35,7 @@ def add_commands(sub) -> None:
                     "scenario file that `mambafuzz repro` replays. Extra libFuzzer flags go after `--`. "
                     "Exit 1 if anything new was found, 0 if not, 2 on usage errors, 3 when the campaign did not "
                     "really run (a worker could not start or died, or no input was executed).")
+    f.add_argument("--target", choices=TARGETS, default="scheduler", help=TARGET_HELP)
     f.add_argument("--split", default="fixed", help=SPLIT_HELP)
     f.add_argument("--generator", "--engine", dest="generator", choices=GENERATORS, default="atheris",
                    help="what generates inputs: atheris (libFuzzer mutation with coverage feedback), hypothesis "
@@ -143,6 +151,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from fuzz.supervisor import CampaignConfig, finding_meta, run_campaign
     from fuzz.vllm_compat.resolve import check_all
 
+    if args.target == "conform":  # before check_all imports vLLM's kernel modules with Triton off, since a
+        from fuzz import triton_cpu  # --patch checked here may name a conformance module (which needs them on)
+
+        triton_cpu.enable()
     check_all()  # an unsupported vLLM: one line and exit 3 here, not workers that die silently
     try:
         splits.resolve(args.split)
@@ -153,6 +165,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             raise _usage(f"{name} must not be negative")
     if args.jobs < 1:
         raise _usage("--jobs must be at least 1")
+    if args.target == "conform":
+        if args.split != "fixed":
+            raise _usage("--target conform runs the installed split (fixed); --split does not apply")
+        if args.with_known_fixes or args.confirm_engine:
+            flag = "--with-known-fixes" if args.with_known_fixes else "--confirm-engine"
+            raise _usage(f"--target conform: {flag} does not apply (it is about the scheduler target's findings)")
     if not args.max_time and not args.runs:
         raise _usage("give --max-time or --runs (a run needs a bound)")
     if args.generator != "random":
@@ -174,9 +192,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         minimize_budget=args.minimize_budget, rss_limit_mb=args.rss_limit_mb,
         libfuzzer_args=list(args.libfuzzer_args), quiet=args.quiet,
         stats_file=Path(args.stats) if args.stats else None, patches=patch_specs, known_fix_dirs=known_fix_dirs,
-        runner=args.runner)
+        runner=args.runner, target=args.target)
     runner = f", model runner {args.runner}" if args.runner else ""
-    print(f"fuzzing split {args.split}{runner} with {args.generator} x{args.jobs} under {sys.executable}, "
+    what = (f"the kernel model against vLLM's worker code on {args.runner or 'v1+v2'}" if args.target == "conform"
+            else f"split {args.split}{runner}")
+    print(f"fuzzing {what} with {args.generator} x{args.jobs} under {sys.executable}, "
           f"findings in {args.findings}/", flush=True)
     result = run_campaign(cfg)
     real = [p for p in result.new_files if not p.name.startswith("flaky-")]
@@ -186,7 +206,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     for p in result.new_files:
         meta = finding_meta(p)
         print(f"  {meta.get('signature', '?')}  reproduced {meta.get('reproduced', '?')}  {p}")
-        print(f"    repro: mambafuzz repro {p} --split {args.split}")
+        print(f"    repro: {meta.get('repro') or f'mambafuzz repro {p} --split {args.split}'}")
     if args.confirm_engine:
         to_confirm = [p for p in real if p.exists()]
         if result.interrupted and to_confirm:

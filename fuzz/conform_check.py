@@ -16,13 +16,14 @@ block (id 0) are dropped on vLLM's side, as the mirror drops them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from fuzz import conform_drive
 from fuzz import vllm_bridge as vb
 from fuzz.kernel_model import KernelGeometry, KernelModel
-from fuzz.scenario import VOCAB_SIZE, Scenario
+from fuzz.scenario import VOCAB_SIZE, EngineConfig, Scenario
 
 RUNNERS = ("v1", "v2")
 MIXERS = ("gdn", "mamba2")
@@ -60,24 +61,30 @@ class _Recording(vb.SchedulerSession):
         _Recording.last = self
 
 
-def _mirror(s: Scenario, session: vb.SchedulerSession, runner: str, mixer: str) -> KernelModel:
-    e = s.engine
-    return KernelModel(KernelGeometry(
-        block_size=e.mamba_block_size, hash_block_size=session.hash_block_size,
+def geometry(e: EngineConfig, hash_block_size: int, cache_hit_alignment_tokens: int, drop_eagle_block: bool = False,
+             null_block_id: int = 0) -> KernelGeometry:
+    """The kernel model's geometry for engine `e` with the scheduler's own derived sizes."""
+    return KernelGeometry(
+        block_size=e.mamba_block_size, hash_block_size=hash_block_size,
         checkpoint_alignment=e.prefill_checkpoint_alignment if e.num_prefill_checkpoint_blocks else None,
-        cache_hit_alignment_tokens=session.cache_hit_alignment_tokens,
-        drop_eagle_block=bool(getattr(session.scheduler, "use_eagle_block_drop", False)),
-        null_block_id=session.null_block_id, vocab_size=VOCAB_SIZE, spec_engine=e.uses_spec_decode,
-        num_speculative_tokens=e.num_speculative_tokens), runner=runner, mixer=mixer)
+        cache_hit_alignment_tokens=cache_hit_alignment_tokens, drop_eagle_block=drop_eagle_block,
+        null_block_id=null_block_id, vocab_size=VOCAB_SIZE, spec_engine=e.uses_spec_decode,
+        num_speculative_tokens=e.num_speculative_tokens)
 
 
-def _mirror_effect(km: KernelModel, s: Scenario, r) -> Effect:
-    bs = s.engine.mamba_block_size
+def _session_geometry(e: EngineConfig, session: vb.SchedulerSession) -> KernelGeometry:
+    return geometry(e, session.hash_block_size, session.cache_hit_alignment_tokens,
+                    bool(getattr(session.scheduler, "use_eagle_block_drop", False)), session.null_block_id)
+
+
+def _mirror_effect(km: KernelModel, e: EngineConfig, r) -> Effect:
+    bs = e.mamba_block_size
     table = list(r.block_ids)
-    spec = s.engine.uses_spec_decode
+    spec = e.uses_spec_decode
     curr = -(-(r.num_computed + r.num_scheduled) // bs) - 1
-    prev = km._prev_column.get(r.req_id, (r.num_computed - 1) // bs)
-    src = prev + km._num_accepted.get(r.req_id, 1) - 1
+    running, accepted = km.worker_state(r.req_id)
+    prev = (r.num_computed - 1) // bs if running is None else running
+    src = prev + accepted - 1
     self_copy = prev != curr and 0 <= src < len(table) and table[src] == table[curr]
     spec_row = spec and km.is_spec_row(r.num_computed, r.num_scheduled, r.num_drafts, r.num_prompt_tokens)
     res = km.run_row(r.req_id, table, r.num_computed, [1] * r.num_scheduled, r.num_drafts, spec_row)
@@ -86,7 +93,7 @@ def _mirror_effect(km: KernelModel, s: Scenario, r) -> Effect:
     ckpt = tuple(sorted(b for _, b, _, cause in res.writes if cause == "checkpoint"))
     post: tuple = ()
     if spec:
-        psrc = km._prev_column[r.req_id]
+        psrc = km.worker_state(r.req_id)[0]  # set by run_row above
         resolved = r.num_computed + r.num_scheduled - r.num_drafts
         aligned = (resolved + r.num_sampled - 1) // bs * bs
         pself = aligned >= resolved and table[psrc + aligned - resolved] == table[aligned // bs - 1]
@@ -110,23 +117,32 @@ def compare(s: Scenario, runners: tuple[str, ...] = RUNNERS) -> Iterator[Disagre
     original = conform_drive.vb.SchedulerSession
     conform_drive.vb.SchedulerSession = _Recording
     try:
-        models: dict[tuple[str, str], KernelModel] = {}
-        for st in conform_drive.drive(s, runners):
-            if not models:
-                models = {(r, m): _mirror(s, _Recording.last, r, m) for r in runners for m in MIXERS}
-            si = st.input
-            plans = {(p.runner, p.mixer, p.req_id): p for p in st.plans}
-            scheduled = {r.req_id for r in si.rows}
-            for (runner, mixer), km in models.items():
-                km.forget_requests(set(si.finished) | set(si.preempted) | set(si.resumed))
-                km.begin_step(scheduled)
-                for r in si.rows:
-                    mirror = _mirror_effect(km, s, r)
-                    p = plans.get((runner, mixer, r.req_id))
-                    if p is None:
-                        continue
-                    got = _vllm_effect(p, mirror[4])
-                    if got != mirror:
-                        yield Disagreement(st.step, runner, mixer, r.req_id, p.kind, r, mirror, got)
+        steps = conform_drive.drive(s, runners)
+        first = next(steps, None)  # the session exists once the first step has run
+        if first is not None:
+            g = _session_geometry(s.engine, _Recording.last)
+            yield from compare_steps(s.engine, g, itertools.chain([first], steps), runners)
     finally:
         conform_drive.vb.SchedulerSession = original
+
+
+def compare_steps(e: EngineConfig, g: KernelGeometry, steps: Iterable[conform_drive.ConformStep],
+                  runners: tuple[str, ...] = RUNNERS) -> Iterator[Disagreement]:
+    """The kernel model (geometry `g`) against the RowPlans of `steps`, whether the real
+    scheduler made them (`compare`) or a test built them by hand."""
+    models = {(r, m): KernelModel(g, runner=r, mixer=m) for r in runners for m in MIXERS}
+    for st in steps:
+        si = st.input
+        plans = {(p.runner, p.mixer, p.req_id): p for p in st.plans}
+        scheduled = {r.req_id for r in si.rows}
+        for (runner, mixer), km in models.items():
+            km.forget_requests(set(si.finished) | set(si.preempted) | set(si.resumed))
+            km.begin_step(scheduled)
+            for r in si.rows:
+                mirror = _mirror_effect(km, e, r)
+                p = plans.get((runner, mixer, r.req_id))
+                if p is None:
+                    continue
+                got = _vllm_effect(p, mirror[4])
+                if got != mirror:
+                    yield Disagreement(st.step, runner, mixer, r.req_id, p.kind, r, mirror, got)

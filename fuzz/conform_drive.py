@@ -18,7 +18,7 @@ from fuzz.conform_rows import RowInput, RowPlan, StepInput
 from fuzz.conform_v2 import V2Worker
 from fuzz.conform_vllm import V1Worker
 from fuzz.scenario import Scenario, ample_pool_blocks
-from fuzz.step_plan import StepPlan
+from fuzz.step_plan import StepPlan, propose_drafts
 
 CONST_TOKEN = 7
 
@@ -72,15 +72,6 @@ def drive(s: Scenario, runners: tuple[str, ...] = ("v1", "v2")) -> Iterator[Conf
         plans = tuple(p for w in workers for p in w.step(step_input))  # empty steps still drop requests
         session.feed(out, sampled, set())
         if k:
-            accept_next.clear()
-            acc = s.acceptance[step % len(s.acceptance)] if s.acceptance else k
-            proposals = {}
-            for rid in out.num_scheduled_tokens:
-                req = session.request(rid)
-                if (req is not None and not req.is_finished() and req.num_output_tokens > 0
-                        and req.num_computed_tokens >= req.num_tokens - 1):
-                    proposals[rid] = [CONST_TOKEN] * k
-                    accept_next[rid] = acc
-            session.set_drafts(proposals)
+            accept_next = propose_drafts(session, out.num_scheduled_tokens, step, s, CONST_TOKEN)
         if rows:
             yield ConformStep(step, step_input, plans)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fuzz import attribution
 from fuzz.corpus import atomic_write, case_json, content_name, iter_cases
 from fuzz.minimizer import minimize
-from fuzz.pipeline import fine_signature_of, same_signature
+from fuzz.pipeline import fine_signature_of, signature_of
 from fuzz.scenario import Scenario
 from fuzz.vllm_compat.about import vllm_version
 
@@ -68,6 +69,26 @@ def sweep_stale_temporaries(directory: Path) -> int:
     return removed
 
 
+@dataclass(frozen=True)
+class Judge:
+    """How a store re-checks what it files and says how to replay it: the signature a scenario
+    fails with (None: clean or unusable), the findings' file-name prefix, the replay command
+    for a filed case, and entries added to its finding block.  The scheduler target judges by
+    the oracles under a split (`oracle_judge`), the conform target by the conformance
+    comparison (fuzz.conform_target)."""
+
+    label: str
+    signature_of: Callable[[Scenario], str | None]
+    repro: Callable[[Path, str], str]  # (case path, signature) -> command
+    meta: dict = field(default_factory=dict)
+    fine_signature_of: Callable[[Scenario], str | None] | None = None  # None: the coarse one is as fine as it gets
+
+
+def oracle_judge(split: str) -> Judge:
+    return Judge(split, lambda s: signature_of(s, split), lambda path, sig: f"mambafuzz repro {path} --split {split}",
+                 fine_signature_of=lambda s: fine_signature_of(s, split))
+
+
 @dataclass
 class Filed:
     signature: str
@@ -92,11 +113,14 @@ class FindingStore:
     # known_signatures(), and with neither the store falls back to signature matching.
     known_bugs: list[attribution.KnownBug] | None = None
     attributed: dict[str, int] = field(default_factory=dict)  # known bug -> instances seen
+    judge: Judge | None = None  # None: the oracles under `split`
 
     def __post_init__(self) -> None:
         self.findings_dir = Path(self.findings_dir)
         self.findings_dir.mkdir(parents=True, exist_ok=True)
         sweep_stale_temporaries(self.findings_dir)
+        if self.judge is None:
+            self.judge = oracle_judge(self.split)
         if self.known_bugs is None:
             self.known_bugs = getattr(self.known, "bugs", None)
         # Fine signatures filed as new, here or by an earlier run into the same directory (an
@@ -149,31 +173,33 @@ class FindingStore:
         closest = self._closest
         # A new bug that looks like a known one must not minimize into an instance of it.
         lookalikes = [closest.closest] if closest is not None and closest.closest is not None else []
-        name = slug(f"{self.split}-{fine}")
+        judge = self.judge
+        name = slug(f"{judge.label}-{fine}")
         if raw is not None:
             atomic_write(self.findings_dir / "raw" / f"{name}.{content_name(raw, '.bin')}", raw)
         decoded = scenario.dumps()
         atomic_write(self.findings_dir / "raw" / f"{name}.{content_name(decoded, '.decoded.json')}", decoded)
-        hits = sum(same_signature(scenario, self.split, signature) for _ in range(self.repro_runs))
+        hits = sum(judge.signature_of(scenario) == signature for _ in range(self.repro_runs))
         rate = f"{hits}/{self.repro_runs}"
         flaky = hits < self.repro_runs
         t0 = time.monotonic()
         if flaky:
             small, seconds = scenario, 0.0
         else:
-            result = minimize(scenario, lambda c: same_signature(c, self.split, signature) and not self._explained(c, lookalikes),
+            result = minimize(scenario, lambda c: judge.signature_of(c) == signature and not self._explained(c, lookalikes),
                               time_budget=self.minimize_budget)
             small, seconds = result.scenario, time.monotonic() - t0
         path = self.findings_dir / (f"flaky-{name}.json" if flaky else f"{name}.json")
         # Minimizing keeps the coarse signature; the mechanism may move, so the file says both.
-        fine_small = fine if small is scenario else (fine_signature_of(small, self.split) or fine)
+        fine_small = fine if small is scenario or judge.fine_signature_of is None else (
+            judge.fine_signature_of(small) or fine)
         meta = {
-            "signature": signature, "fine_signature": fine_small, "fine_signature_found": fine, "kind": signature.split(":")[0], "split": self.split,
-            "message": message,
+            "signature": signature, "fine_signature": fine_small, "fine_signature_found": fine,
+            "kind": signature.split(":")[0], "split": self.split, "message": message,
             "origin": origin, "reproduced": rate, "flaky": flaky, "vllm": vllm_version(),
             "minimized": {"requests": small.size()[0], "last_step": small.size()[1], "tokens": small.size()[2],
                           "seconds": round(seconds, 2), "from_size": list(scenario.size())},
-            "repro": f"mambafuzz repro {path} --split {self.split}",
+            "repro": judge.repro(path, signature), **judge.meta,
         }
         if closest is not None:
             meta["attribution"] = closest.to_json()

@@ -16,6 +16,7 @@ object (`atheris.instrument_func`; nested functions and lambdas are patched with
 from __future__ import annotations
 
 import gc
+import importlib
 import types
 from collections.abc import Iterable
 
@@ -23,6 +24,13 @@ from collections.abc import Iterable
 # rules), our restated pre-fix splits (they stand in for vLLM's split under --split prefix),
 # and the input decoders (new decoded shapes are worth keeping).
 COVERAGE_MODULES = ("vllm.v1.core", "vllm.v1.kv_cache_interface", "fuzz.splits", "fuzz.generate")
+# The conform target (`--target conform`) is also rewarded for new paths through the two sides
+# it compares: the kernel model with its runner and mixer rules, and the conformance tier that
+# calls vLLM's worker code (not vLLM's worker modules themselves: their Triton kernels run in
+# Triton's interpreter, which must see them as written).
+CONFORM_MODULES = ("fuzz.kernel_model", "fuzz.runners", "fuzz.mixers", "fuzz.conform_check", "fuzz.conform_drive",
+                   "fuzz.conform_rows", "fuzz.conform_vllm", "fuzz.conform_v2", "fuzz.conform_target")
+TARGET_MODULES = {"scheduler": COVERAGE_MODULES, "conform": COVERAGE_MODULES + CONFORM_MODULES}
 
 
 def under(module: str, prefixes: Iterable[str]) -> bool:
@@ -36,6 +44,16 @@ def functions_under(prefixes: Iterable[str]) -> list[types.FunctionType]:
     return [obj for obj in gc.get_objects()
             if isinstance(obj, types.FunctionType) and isinstance(getattr(obj, "__module__", None), str)
             and under(obj.__module__, prefixes)]
+
+
+def instrument_target(target: str) -> int:
+    """Import the coverage modules of `target` (see TARGET_MODULES) that are plain `fuzz`
+    modules, then instrument everything loaded under its prefixes; returns how many functions."""
+    prefixes = TARGET_MODULES[target]
+    for name in prefixes:
+        if name.startswith("fuzz."):
+            importlib.import_module(name)
+    return instrument_modules(prefixes)
 
 
 def instrument_modules(prefixes: Iterable[str]) -> int:

@@ -106,6 +106,12 @@ class KernelModel:
         dirty, self.dirty = self.dirty, set()
         return dirty
 
+    def worker_state(self, rid: str) -> tuple[int | None, int]:
+        """What the worker keeps for `rid` between rows: its running column (V1's
+        `mamba_state_idx`; None before the request's first row) and its accepted-token count
+        (`num_accepted_tokens_cpu`, 1 when unknown). Read by the conformance check."""
+        return self._prev_column.get(rid), self._num_accepted.get(rid, 1)
+
     # ---- per-step, before any row --------------------------------------------------
     def forget_requests(self, request_ids: set[str]) -> None:
         for rid in request_ids:

@@ -4,7 +4,7 @@ engine tier's replay and the speed bench), so they cannot drift apart."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,3 +51,20 @@ class StepPlan:
         aborts = self.aborts(step, lambda rid: (req := session.request(rid)) is not None and not req.is_finished())
         if aborts:
             session.abort(aborts)
+
+
+def propose_drafts(session: Any, scheduled: Iterable[str], step: int, s: Scenario, token: int) -> dict[str, int]:
+    """A constant drafter for the loops that keep no state per request (the speed bench, the
+    conformance driver): after `step`, every scheduled request that decodes next gets the
+    engine's k drafts, all `token`, through the session; returns how many of them the next
+    step accepts, per request (the scenario's acceptance pattern at `step`, else all k)."""
+    k = s.engine.num_speculative_tokens
+    accept = s.acceptance[step % len(s.acceptance)] if s.acceptance else k
+    proposals: dict[str, list[int]] = {}
+    for rid in scheduled:
+        req = session.request(rid)
+        if (req is not None and not req.is_finished() and req.num_output_tokens > 0
+                and req.num_computed_tokens >= req.num_tokens - 1):
+            proposals[rid] = [token] * k
+    session.set_drafts(proposals)
+    return dict.fromkeys(proposals, accept)

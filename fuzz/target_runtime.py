@@ -1,4 +1,9 @@
-"""What one fuzz execution does, whatever generator produced the input: decode, evaluate, file.
+"""What one fuzz execution does, whatever generator produced the input: decode, judge, file.
+
+The target (`WorkerConfig.target`) decides what judges an input: `scheduler` evaluates it with
+the oracles (fuzz.pipeline), `conform` holds the kernel model against vLLM's own worker code
+(fuzz.conform_target).  Either way an execution is one input judged; one that cannot run is
+counted as rejected, not executed.
 
 Configured by one `WorkerConfig` (fuzz.worker_protocol: a file named in the environment, so
 libFuzzer's -fork/-merge children, which re-run the target with argv only, behave like their
@@ -23,6 +28,7 @@ from fuzz.scenario import Scenario, ScenarioError, with_runner
 from fuzz.worker_protocol import WorkerConfig, emit
 
 STATUS_EVERY = 3.0
+Verdict = tuple[str, ...] | None  # (signature, message[, fine signature]) of a violation, or None: clean
 
 
 class Runtime:
@@ -31,9 +37,20 @@ class Runtime:
 
         apply_worker_patches(config.patches, config.known_fix_dirs)
         self.config = config
-        known = known_signatures([Path(d) for d in config.known_dirs], config.split, config.runner)
-        self.store = FindingStore(Path(config.findings), config.split, known=known,
-                                  minimize_budget=config.minimize_budget, announce=False)
+        if config.target == "conform":
+            from fuzz import conform_check, conform_target
+
+            runners = (config.runner,) if config.runner else conform_check.RUNNERS
+            self._judge = lambda s: conform_target.verdict(s, runners)
+            # No known bugs: they are the oracles' business, and attributed by replaying those.
+            self.store = FindingStore(Path(config.findings), config.split, known_bugs=[],
+                                      minimize_budget=config.minimize_budget, announce=False,
+                                      judge=conform_target.judge(runners, config.patches))
+        else:
+            self._judge = self._oracle_verdict
+            known = known_signatures([Path(d) for d in config.known_dirs], config.split, config.runner)
+            self.store = FindingStore(Path(config.findings), config.split, known=known,
+                                      minimize_budget=config.minimize_budget, announce=False)
         self.execs = 0
         self.rejected = 0
         self.started = time.monotonic()
@@ -46,19 +63,23 @@ class Runtime:
     def decode(self, data: bytes) -> Scenario | None:
         return decode_input(data, self.config.decoder)
 
+    def _oracle_verdict(self, scenario: Scenario) -> Verdict:
+        v = evaluate(scenario, self.config.split, efficiency=False).verdict
+        return None if v.clean else (v.primary.signature, v.primary.message, v.primary.fine_signature)
+
     def run_scenario(self, scenario: Scenario, origin: dict, raw: bytes | None = None) -> bool:
-        """Evaluate once; file a finding if any.  Returns True when a new finding was filed."""
-        self.execs += 1
+        """Judge once; file a finding if any.  Returns True when a new finding was filed."""
         try:
             # every scenario runs on the campaign's runner, so a filed finding replays on it
             scenario = with_runner(scenario, self.config.runner)
-            v = evaluate(scenario, self.config.split, efficiency=False).verdict
+            found = self._judge(scenario)
+            self.execs += 1
             filed = None
-            if not v.clean:
-                origin = dict(origin, engine=self.config.generator, execs=self.execs,
+            if found is not None:
+                origin = dict(origin, engine=self.config.generator, target=self.config.target, execs=self.execs,
                               seconds=round(time.monotonic() - self.started, 2))
-                filed = self.store.handle(scenario, v.primary.signature, v.primary.message, origin, raw,
-                                          fine_signature=v.primary.fine_signature)
+                filed = self.store.handle(scenario, found[0], found[1], origin, raw,
+                                          fine_signature=found[2] if len(found) > 2 else None)
                 if filed is not None:
                     self.report_finding(filed)
         except ScenarioError:

@@ -25,12 +25,16 @@ from typing import Any
 CONFIG_ENV = "MAMBAFUZZ_WORKER_CONFIG"
 EVENT_PREFIX = "@@event "
 EVENTS = ("started", "progress", "finding", "error", "done")
+# What judges an input (`mambafuzz fuzz --target`): the oracles on the scheduler's run
+# (fuzz.pipeline), or the kernel model against vLLM's own worker code (fuzz.conform_target).
+TARGETS = ("scheduler", "conform")
 
 
 @dataclass
 class WorkerConfig:
     """Everything a worker needs; the defaults are what a bare `fuzz_scheduler.py CORPUS` run uses."""
 
+    target: str = "scheduler"  # one of TARGETS
     split: str = "fixed"
     findings: str = "findings"
     generator: str = "atheris"  # atheris | hypothesis | random
@@ -40,6 +44,7 @@ class WorkerConfig:
     patches: list[str] = field(default_factory=list)  # --patch specs, applied to vLLM for every run
     known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: these known bugs' fixes
     runner: str | None = None  # v1 | v2: every scenario runs on it; None: each scenario's own engine.runner
+    # (conform target: the runner checked; None: both)
     # the random generator's own loop (libFuzzer workers take these as libFuzzer flags instead)
     seed: int = 0
     max_time: float = 0.0

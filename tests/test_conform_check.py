@@ -55,3 +55,67 @@ def test_a_copy_into_a_block_a_preempted_request_used_to_hold_is_the_rows_own():
     whose stale table still listed the block (corpus/conformance note)."""
     case = UPSTREAM.parent / "conformance" / "v1_precopy_beside_a_same_step_preemption.json"
     assert list(conform_check.compare(load_case(case).scenario, ("v1",))) == []
+
+
+# ---- row kinds on hand-built steps (what the builder-only check, fuzz/conform.py, held) ------------------
+# One request per history, one row per step: (computed, scheduled, drafts, prompt tokens, sampled). The
+# last row is the kind named; the rows before it give it its history (an accepted count of 2).
+MAMBA_BLOCK_SIZE = 16
+TABLE = (5, 6, 7, 8)
+AFTER_TWO_ACCEPTED = [(0, 8, 0, 8, 1), (8, 2, 1, 8, 2)]
+ROW_KINDS = {
+    "one-token prompt padded with a placeholder draft": [(0, 2, 1, 1, 1)],
+    "padded prompt tail over computed tokens": [(7, 2, 1, 8, 1)],
+    "decode with a draft after 2 accepted tokens": AFTER_TWO_ACCEPTED + [(10, 2, 1, 8, 1)],
+    "decode with no draft after 2 accepted tokens": AFTER_TWO_ACCEPTED + [(10, 1, 0, 8, 1)],
+    "last prompt token, unpadded": [(7, 1, 0, 8, 1)],
+    "first prefill chunk": [(0, 8, 0, 20, 1)],
+    "later prefill chunk": [(0, 8, 0, 20, 1), (8, 8, 0, 20, 1)],
+    "resumed past its prompt, 2 tokens": [(10, 2, 0, 8, 1)],
+    "resumed past its prompt, last token": [(11, 1, 0, 8, 1)],
+}
+
+
+def row_kind_disagreements(runner: str, k: int, history) -> list:
+    """Feed `history` to vLLM's own worker for `runner` (an MTP engine with k drafts, or none) and
+    hold the kernel model against what it did."""
+    from fuzz import vllm_bridge as vb
+    from fuzz.conform_drive import ConformStep
+    from fuzz.conform_rows import RowInput, StepInput
+    from fuzz.conform_v2 import V2Worker
+    from fuzz.conform_vllm import V1Worker
+    from fuzz.scenario import EngineConfig
+
+    spec = dict(spec_method="mtp", num_speculative_tokens=k) if k else {}
+    e = EngineConfig(mamba_block_size=MAMBA_BLOCK_SIZE, attn_block_size=MAMBA_BLOCK_SIZE,
+                     max_num_batched_tokens=512, **spec)
+    group_spec = vb.kv_cache_config_for(e, 64, 4096).kv_cache_groups[1].kv_cache_spec
+    worker = (V1Worker if runner == "v1" else V2Worker)(vb.vllm_config_for(e, 1024), group_spec, 64,
+                                                         MAMBA_BLOCK_SIZE, MAMBA_BLOCK_SIZE, 1024)
+    steps = []
+    for step, (computed, scheduled, drafts, prompt, sampled) in enumerate(history):
+        si = StepInput((RowInput("a", computed, scheduled, drafts, prompt, TABLE, sampled),))
+        steps.append(ConformStep(step, si, tuple(worker.step(si))))
+    g = conform_check.geometry(e, MAMBA_BLOCK_SIZE, MAMBA_BLOCK_SIZE)
+    return list(conform_check.compare_steps(e, g, steps, (runner,)))
+
+
+@pytest.mark.parametrize("k", [1, 0], ids=["mtp-k1", "no-spec"])
+@pytest.mark.parametrize("runner", conform_check.RUNNERS)
+@pytest.mark.parametrize("kind", ROW_KINDS)
+def test_the_mirror_agrees_with_vllms_worker_on_each_row_kind(kind, runner, k):
+    history = ROW_KINDS[kind]
+    if not k and any(drafts for _, _, drafts, _, _ in history):
+        pytest.skip("drafts need a spec-decode engine")
+    found = row_kind_disagreements(runner, k, history)
+    assert found == [], [d.describe() for d in found]
+
+
+def test_a_mixer_rule_broken_on_a_row_kind_is_caught(monkeypatch):
+    """GDN's builder takes every row with drafts down the spec path (gdn_attn.py:292); a mirror
+    that sends it down the prefill path reads and writes the wrong columns."""
+    from fuzz import mixers
+
+    monkeypatch.setattr(mixers.GDN, "path", staticmethod(lambda *args, **kwargs: mixers.PREFILL))
+    found = row_kind_disagreements("v1", 1, ROW_KINDS["decode with a draft after 2 accepted tokens"])
+    assert any(d.mixer == "gdn" for d in found), found

@@ -38,3 +38,39 @@ print("ok", n)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-2000:]
+
+
+def test_the_conform_target_also_rewards_the_kernel_model_and_the_conformance_tier():
+    from fuzz.instrumentation import TARGET_MODULES
+
+    scheduler, conform = TARGET_MODULES["scheduler"], TARGET_MODULES["conform"]
+    for module in ("fuzz.kernel_model", "fuzz.runners", "fuzz.mixers", "fuzz.conform_check", "fuzz.conform_vllm",
+                   "fuzz.conform_v2", "fuzz.conform_drive"):
+        assert under(module, conform) and not under(module, scheduler), module
+    assert under("vllm.v1.core.sched.scheduler", conform)
+    # vLLM's worker modules stay out: their Triton kernels run in Triton's interpreter as written
+    assert not under("vllm.v1.worker.mamba_utils", conform) and not under("fuzz.oracle", conform)
+
+
+def test_instrumenting_the_conform_target_marks_its_modules_only():
+    pytest.importorskip("atheris")
+    script = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from fuzz.target_runtime import Runtime  # what the target imports first
+from fuzz.instrumentation import instrument_target
+n = instrument_target("conform")
+import fuzz.oracle
+from fuzz import conform_check, conform_vllm
+from fuzz.kernel_model import KernelModel
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.worker import mamba_utils
+marked = lambda f: "__ATHERIS_INSTRUMENTED__" in f.__code__.co_consts
+assert marked(KernelModel.run_row) and marked(conform_check.compare_steps) and marked(Scheduler.schedule)
+assert marked(conform_vllm.V1Worker.step)
+assert not marked(fuzz.oracle.judge) and not marked(mamba_utils.preprocess_mamba)
+print("ok", n)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-2000:]

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """atheris target: libFuzzer mutates bytes, the shared input model decodes them into a
-scenario, and vLLM's real scheduler runs it.
+scenario, vLLM's real scheduler runs it, and the WorkerConfig's target judges it (the oracles,
+or with `target: conform` the kernel model against vLLM's own worker code).
 
 Coverage feedback comes from vLLM's scheduling and KV-cache modules (`vllm.v1.core.*`,
-`vllm.v1.kv_cache_interface`) and from our decoders, and from nothing else
-(fuzz.instrumentation explains why atheris' own import hook cannot do that).  Run it with the
+`vllm.v1.kv_cache_interface`) and from our decoders, plus for the conform target the kernel
+model and the conformance tier, and from nothing else (fuzz.instrumentation explains why
+atheris' own import hook cannot do that).  Run it with the
 interpreter that has vLLM, with libFuzzer flags, e.g.
     .venv/bin/python fuzz/targets/fuzz_scheduler.py CORPUS_DIR -max_total_time=60
 or through `mambafuzz fuzz --generator atheris|hypothesis`, which passes a WorkerConfig file
@@ -23,11 +25,13 @@ from fuzz.worker_protocol import emit  # noqa: E402
 try:
     import atheris
 
-    from fuzz.instrumentation import COVERAGE_MODULES, instrument_modules
+    from fuzz.instrumentation import instrument_target
     from fuzz.target_runtime import Runtime
+    from fuzz.worker_protocol import WorkerConfig
 
-    INSTRUMENTED = instrument_modules(COVERAGE_MODULES)
-    RUNTIME = Runtime.from_environment()
+    CONFIG = WorkerConfig.from_environment()
+    INSTRUMENTED = instrument_target(CONFIG.target)
+    RUNTIME = Runtime(CONFIG)
 except Exception as exc:  # noqa: BLE001 - one event, then a tool-failure exit; never a "crash" finding
     emit("error", message=one_line(exc), python=sys.executable)
     sys.exit(3)
@@ -38,6 +42,7 @@ def TestOneInput(data: bytes) -> None:
 
 
 if __name__ == "__main__":
-    emit("started", generator=RUNTIME.config.generator, python=sys.executable, instrumented_functions=INSTRUMENTED)
+    emit("started", generator=CONFIG.generator, target=CONFIG.target, python=sys.executable,
+         instrumented_functions=INSTRUMENTED)
     atheris.Setup(sys.argv, TestOneInput)
     atheris.Fuzz()
