@@ -125,11 +125,34 @@ def test_spec_decode_in_align_mode_runs_with_the_triton_interpreter():
     assert engines.unsupported(MTP, prefix_caching=False) is None
 
 
+def test_interpreter_is_enabled_after_a_vllm_symbol_check_imported_the_kernel_modules():
+    """`mambafuzz fuzz` runs check_all(), which imports vllm.v1.worker.mamba_utils with the
+    placeholder Triton; the engine tier must still get interpreted kernels (fresh process)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from fuzz.vllm_compat.resolve import check_all
+        check_all()
+        import vllm.v1.worker.mamba_utils as mu
+        before = type(mu.precopy_mamba_align_fused_kernel).__name__
+        from fuzz.engine_tier import engines
+        print("RESULT", before, engines.interpreter_unavailable(), type(mu.precopy_mamba_align_fused_kernel).__name__)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line is not None, proc.stderr[-2000:]
+    assert line == "RESULT function None InterpretedFunction"
+
+
 def test_spec_decode_in_align_mode_is_skipped_without_the_interpreter(monkeypatch):
     from fuzz import triton_cpu
     from fuzz.engine_tier import engines
 
-    def refuse() -> None:
+    def refuse(reimport_stale: bool = False) -> None:
         raise triton_cpu.InterpreterUnavailable("imported before the Triton interpreter was enabled: ['x']")
 
     monkeypatch.setattr(triton_cpu, "enable", refuse)

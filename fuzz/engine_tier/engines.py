@@ -164,12 +164,13 @@ def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
 
 def interpreter_unavailable() -> str | None:
     """Why vLLM's Triton kernels cannot run in this process (fuzz.triton_cpu), or None when
-    they can.  Enables the interpreter on first use; it must come before any vLLM kernel
-    module is imported, which every engine start here ensures."""
+    they can.  Enables the interpreter on first use, before any engine starts; a kernel module
+    that a vLLM symbol check imported earlier (`mambafuzz fuzz` runs one) is re-imported, which
+    is safe while no engine holds objects built from it."""
     from fuzz import triton_cpu
 
     try:
-        triton_cpu.enable()
+        triton_cpu.enable(reimport_stale=not _ENGINES)
     except (triton_cpu.InterpreterUnavailable, ImportError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
