@@ -39,9 +39,15 @@ def interpreting() -> Iterator[None]:
             os.environ["TRITON_INTERPRET"] = old
 
 
-def enable() -> None:
+def enable(reimport_stale: bool = False) -> None:
     """Make vLLM's Triton kernels in KERNEL_MODULES runnable on CPU (it imports them); idempotent.
-    Must run before any of them is imported elsewhere, since `@triton.jit` applies at import."""
+    Must run before any of them is imported elsewhere, since `@triton.jit` applies at import.
+
+    reimport_stale: a kernel module already imported with the placeholder Triton (vLLM symbol
+    checks import them) is re-executed in place (`importlib.reload`) instead of refused.  A
+    function taken from it earlier still reads the module's globals, so it launches the real
+    kernel; a kernel or an object taken from it earlier stays as it was, so only pass this
+    while no engine or runner has been built."""
     with interpreting():
         import triton
         import triton.language as tl
@@ -51,12 +57,15 @@ def enable() -> None:
         if tu.triton is triton:
             return
         stale = [m for m in KERNEL_MODULES if m in sys.modules]
-        if stale:
+        if stale and not reimport_stale:
             raise InterpreterUnavailable(f"imported before the Triton interpreter was enabled: {stale}")
         _reinterpret_language()
         tu.triton, tu.tl = triton, tl
         for module in KERNEL_MODULES:
-            importlib.import_module(module)
+            if module in stale:  # its `from vllm.triton_utils import triton, tl` now binds the real ones
+                importlib.reload(sys.modules[module])
+            else:
+                importlib.import_module(module)
 
 
 def _reinterpret_language() -> None:

