@@ -22,7 +22,7 @@ from typing import Any
 
 from fuzz.engine_tier import engines
 from fuzz.scenario import Scenario
-from fuzz.step_plan import StepPlan
+from fuzz.step_plan import DONE, StepPlan
 
 # Cached and uncached runs cut prefills at different offsets and batch differently, and the
 # model computes in bf16, so the same position's logprob moves between runs.  Measured with
@@ -77,9 +77,10 @@ def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> R
     step = 0
     try:
         while True:
-            if plan.done(step, handle.engine.has_unfinished_requests()):
+            end = plan.end(step, handle.engine.has_unfinished_requests())
+            if end == DONE:
                 break
-            if step >= plan.bound or time.monotonic() - t0 > SCENARIO_TIMEOUT:
+            if end is not None or time.monotonic() - t0 > SCENARIO_TIMEOUT:
                 out.unfinished = [rid for rid in added if rid not in out.aborted and not _finished(out, rid)]
                 break
             for i, rid in plan.arrivals(step):
