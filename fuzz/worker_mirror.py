@@ -91,8 +91,9 @@ class WorkerMirror:
 
     def load(self, tables: Sequence[list[int]], num_tokens: int, state: State) -> int:
         """A connector load of the state after `num_tokens`; returns the first model's block."""
-        for model, table in zip(self.rest, tables[1:]):
-            model.load_external(table, num_tokens, state)
+        if self.rest:
+            for model, table in zip(self.rest, tables[1:]):
+                model.load_external(table, num_tokens, state)
         return self.first.load_external(tables[0], num_tokens, state)
 
     def begin_step(self, scheduled: dict[str, int]) -> list[str]:
@@ -110,9 +111,10 @@ class WorkerMirror:
         if drafts:
             tokens += drafts
         spec = self.spec
-        for model, table in zip(self.rest, tables[1:]):
-            model.run_row(rid, table, start, tokens, num_drafts,
-                          spec and model.is_spec_row(start, n, num_drafts, num_prompt_tokens, prefill_len), truth)
+        if self.rest:
+            for model, table in zip(self.rest, tables[1:]):
+                model.run_row(rid, table, start, tokens, num_drafts,
+                              spec and model.is_spec_row(start, n, num_drafts, num_prompt_tokens, prefill_len), truth)
         first = self.first
         spec_row = spec and first.is_spec_row(start, n, num_drafts, num_prompt_tokens, prefill_len)
         return spec_row, first.run_row(rid, tables[0], start, tokens, num_drafts, spec_row, truth)
@@ -120,6 +122,7 @@ class WorkerMirror:
     def postprocess(self, rid: str, tables: Sequence[list[int]], start: int, n: int, num_drafts: int,
                     accepted: int) -> list[tuple[int, int, State, str]]:
         """After a spec-decode forward: every row, with its accepted count; the first model's writes."""
-        for model, table in zip(self.rest, tables[1:]):
-            model.postprocess_spec(rid, table, start, n, num_drafts, accepted)
+        if self.rest:
+            for model, table in zip(self.rest, tables[1:]):
+                model.postprocess_spec(rid, table, start, n, num_drafts, accepted)
         return self.first.postprocess_spec(rid, tables[0], start, n, num_drafts, accepted)
