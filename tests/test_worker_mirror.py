@@ -40,6 +40,7 @@ def drive(mirror: WorkerMirror, tables: list[list[int]]) -> list:
     seen.append(mirror.before_forward(output(copies=[(11, 99)])))
     seen.append(mirror.run_row("r", tables, 20, 3, [7, 8], TRUTH, 20, 20))
     seen.append(mirror.postprocess("r", tables, 20, 3, 2, 2))
+    seen.append(mirror.begin_step({}))  # V1 forgets the unscheduled row's accepted count
     return seen
 
 
@@ -54,6 +55,7 @@ def test_a_mirror_over_two_groups_does_what_one_mirror_per_group_does():
     assert [m.held for m in both.models] == [m.first.held for m in alone]
     assert both.models[1].held  # the second group was written too
     assert first[4] == [(99, TRUTH.at(4))]  # the copy's destination, as held right after it
+    assert first[-1] == ["r"]
 
 
 def test_auditor_describes_what_the_hash_claims_and_the_block_holds():
@@ -77,3 +79,29 @@ def test_importing_the_audit_plugin_imports_no_vllm():
             " or m == 'fuzz.kernel_model'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_audit_plugin_judges_a_publication_with_the_oracles_predicate():
+    """A live publication whose block holds the claimed state but records a token count its hash
+    does not cover is poisoned, as the oracle's slot_hash check says; a hash the bounded book
+    no longer knows is counted, not judged."""
+    from fuzz.engine_tier import audit_plugin
+    from fuzz.vllm_compat.api import make_block_hash_with_group_id
+
+    book = HashBook(4)
+    book.learn("r0", [b"a" * 32, b"b" * 32], TRUTH)
+    m = model(4)
+    m.load_external([5, 6], 8, TRUTH.at(8))
+    key, unknown = make_block_hash_with_group_id(b"b" * 32, 1), make_block_hash_with_group_id(b"c" * 32, 1)
+    blocks = {6: SimpleNamespace(block_hash=key, block_hash_num_tokens=4),
+              7: SimpleNamespace(block_hash=unknown, block_hash_num_tokens=12)}
+    pool = SimpleNamespace(blocks=blocks, cached_block_hash_to_block=SimpleNamespace(contain=lambda k, b: True))
+    sched = SimpleNamespace(kv_cache_manager=SimpleNamespace(block_pool=pool))
+    audit = audit_plugin.SchedulerAudit({1: m}, 4, 100, False, 0, book, WorkerMirror([m], False),
+                                        {1: BlockAuditor(book, m, 4)})
+    audit.pending = [audit_plugin._Pending(key, 6), audit_plugin._Pending(unknown, 7)]
+    audit_plugin._judge(sched, audit)
+    assert (audit.checked, audit.unjudged) == (1, 1)
+    [bad] = audit.poisoned
+    assert (bad.request_id, bad.column, bad.claimed_tokens, bad.recorded_tokens) == ("r0", 1, 8, 4)
+    assert "records block_hash_num_tokens=4" in bad.describe()
