@@ -76,8 +76,8 @@ def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
     their block that step: a block overwritten after publication shows up again, poisoned."""
     from types import SimpleNamespace
 
-    from fuzz.harness import _Runner
     from fuzz.block_audit import BlockAuditor
+    from fuzz.harness import _Runner
     from fuzz.hash_book import HashBook
     from fuzz.kernel_model import KernelGeometry, KernelModel
     from fuzz.state import PrefixStates
