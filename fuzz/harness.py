@@ -42,7 +42,9 @@ class _Live:
     prefill_len: int = 0  # tokens at the last (re)admission: V2's `prefill_len`
 
 
-def _vllm_frame(exc: BaseException) -> str:
+def vllm_frame(exc: BaseException) -> str:
+    """Where in vLLM `exc` was raised: its innermost vLLM frame ("outside-vllm" when none);
+    the harness and the engine replay locate a crash by it."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/vllm/" in f.filename]
     if not frames:
         return "outside-vllm"
@@ -59,7 +61,7 @@ class HarnessError(ToolError):
 
 def _crash_or_tool_error(exc: Exception, step: int) -> Crash:
     """A vLLM crash located by vLLM's innermost frame; our own exception is a HarnessError."""
-    where = _vllm_frame(exc)
+    where = vllm_frame(exc)
     if where == "outside-vllm":
         raise HarnessError(f"the harness itself raised {one_line(exc, where=True)} (step {step}); "
                            "a tool failure, not a vLLM crash") from exc

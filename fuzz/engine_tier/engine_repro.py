@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,14 +54,6 @@ class Replay:
     wall_s: float = 0.0
 
 
-def _vllm_frame(exc: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/vllm/" in f.filename]
-    if not frames:
-        return "outside-vllm"
-    f = frames[-1]
-    return f"{f.filename[f.filename.rfind('/vllm/') + 1:]}:{f.lineno} in {f.name}"
-
-
 def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> Replay:
     """Drive `s` step by step through `handle`'s engine: arrivals and aborts at their steps,
     one engine.step() per step, until every request finished (or the liveness bound)."""
@@ -100,7 +91,9 @@ def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> R
             out.schedule.append({_external(k): v for k, v in log[-1].items()} if len(log) > before else {})
             step += 1
     except Exception as exc:  # vLLM raised while serving: the engine is no longer trustworthy
-        out.crash = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]} at {_vllm_frame(exc)} (step {step})"
+        from fuzz.harness import vllm_frame
+
+        out.crash = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]} at {vllm_frame(exc)} (step {step})"
     out.steps = step
     out.wall_s = time.monotonic() - t0
     if out.crash is not None:
