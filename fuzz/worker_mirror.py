@@ -68,7 +68,7 @@ class WorkerMirror:
         self.rest = self.models[1:]
         self.spec = spec_engine
 
-    def before_forward(self, out: Any) -> list[tuple[int, State]]:
+    def before_forward(self, out: Any) -> Sequence[tuple[int, State]]:
         """Apply what precedes the forward; returns (dst, state the first model holds right after
         that copy) per CoW copy, in order."""
         dropped = dropped_requests(out)
@@ -79,7 +79,7 @@ class WorkerMirror:
             if zero:
                 model.zero_blocks(zero)
         if not copies:
-            return []
+            return ()
         for model in self.rest:
             model.copy_blocks(copies)
         first = self.first
