@@ -124,7 +124,7 @@ def bare_run(s: Scenario, prompts: list[list[int]], prefix_caching: bool = True)
     accept_next: dict[str, int] = {}  # drafts proposed last step: how many will be accepted
     step = 0
     while True:
-        if plan.done(step, session.has_unfinished()) or step >= plan.bound:
+        if plan.end(step, session.has_unfinished()) is not None:
             break
         plan.feed(step, session, prompts)
         out = session.schedule()

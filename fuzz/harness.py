@@ -1,7 +1,12 @@
 """Drive one scenario through vLLM's real Scheduler and KV-cache manager, with the kernel
 model standing in for the GPU, and record a Trace.
 
-scenario -> (this module) -> trace -> oracle.  The harness judges nothing itself.
+scenario -> (this module) -> trace -> oracle.  The harness judges nothing itself.  It plays
+the engine core and the model runner: StepPlan says what arrives and is aborted when,
+fuzz.worker_mirror applies each SchedulerOutput to the kernel model as the worker would (the
+runtime audit plugin applies it through the same code), and fuzz.block_audit describes every
+published mamba block; this module turns their results into the trace and answers the
+scheduler with greedy tokens and drafts.
 """
 
 from __future__ import annotations
@@ -14,15 +19,17 @@ import traceback
 from dataclasses import dataclass
 
 from fuzz import vllm_bridge as vb
+from fuzz.block_audit import BlockAuditor
 from fuzz.connector import ExternalHit
 from fuzz.exit_codes import ToolError, one_line
 from fuzz.hash_book import HashBook
 from fuzz.kernel_model import KernelGeometry, KernelModel
 from fuzz.scenario import VOCAB_SIZE, Scenario, ScenarioError, ample_pool_blocks
-from fuzz.state import PrefixStates, State, next_token
-from fuzz.step_plan import StepPlan
-from fuzz.trace import Admission, CacheEntry, Chunk, Crash, SlotWrite, StepRecord, Trace
+from fuzz.state import PrefixStates, next_token
+from fuzz.step_plan import BOUND, StepPlan
+from fuzz.trace import Admission, Chunk, Crash, SlotWrite, StepRecord, Trace
 from fuzz.vllm_compat import VllmUnsupported
+from fuzz.worker_mirror import WorkerMirror, accepted_count, extend_truth
 
 
 @dataclass
@@ -35,7 +42,9 @@ class _Live:
     prefill_len: int = 0  # tokens at the last (re)admission: V2's `prefill_len`
 
 
-def _vllm_frame(exc: BaseException) -> str:
+def vllm_frame(exc: BaseException) -> str:
+    """Where in vLLM `exc` was raised: its innermost vLLM frame ("outside-vllm" when none);
+    the harness and the engine replay locate a crash by it."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/vllm/" in f.filename]
     if not frames:
         return "outside-vllm"
@@ -52,7 +61,7 @@ class HarnessError(ToolError):
 
 def _crash_or_tool_error(exc: Exception, step: int) -> Crash:
     """A vLLM crash located by vLLM's innermost frame; our own exception is a HarnessError."""
-    where = _vllm_frame(exc)
+    where = vllm_frame(exc)
     if where == "outside-vllm":
         raise HarnessError(f"the harness itself raised {one_line(exc, where=True)} (step {step}); "
                            "a tool failure, not a vLLM crash") from exc
@@ -139,8 +148,10 @@ class _Runner:
             num_speculative_tokens=e.num_speculative_tokens,
             align=prefix_caching,
         ), runner=session.runner, mixer=scenario.engine.mixer, first_use=(session.allocated_blocks, session.reused_blocks))
+        self.mirror = WorkerMirror((self.model,), self.spec)
         self.plan = StepPlan.of(scenario)
         self.book = HashBook(session.hash_block_size)
+        self.auditor = BlockAuditor(self.book, self.model, e.mamba_block_size)
         # live requests not admitted yet, or preempted since: the only ones an admission can be
         self.unadmitted: set[str] = set()
         self.known_entries: set[tuple[bytes, int]] = set()
@@ -156,10 +167,9 @@ class _Runner:
         step = 0
         try:
             while True:
-                if self.plan.done(step, self.session.has_unfinished()):
-                    break
-                if step >= self.trace.step_bound:
-                    self.trace.hit_bound = True
+                end = self.plan.end(step, self.session.has_unfinished())
+                if end is not None:
+                    self.trace.hit_bound = end == BOUND
                     break
                 if time.monotonic() > self.deadline:
                     self.trace.timed_out = True
@@ -201,16 +211,13 @@ class _Runner:
         out = session.schedule()
         connector_orders = self._drain_connector()
 
-        # The worker forgets dropped requests, zeroes fresh blocks, then applies CoW copies.
-        self.model.forget_requests(session.dropped_worker_state(out))
+        mirror = self.mirror
+        for dst, state in mirror.before_forward(out):
+            rec.writes.append(SlotWrite("-", -1, dst, state, "cow"))
         preempted = session.preempted(out)
         if preempted:
             rec.preempted = sorted(preempted)
             self.unadmitted.update(preempted)
-        self.model.zero_blocks(session.blocks_to_zero(out))
-        for src, dst in session.block_copies(out):
-            self.model.copy_blocks([(src, dst)])
-            rec.writes.append(SlotWrite("-", -1, dst, self.model.state_of(dst), "cow"))
 
         scheduled = out.num_scheduled_tokens
         spec_tokens = session.spec_tokens(out)
@@ -234,7 +241,7 @@ class _Runner:
         if scheduled:
             self.trace.forward_steps += 1
         if self.spec:  # accepted-token counts exist only in a spec-decode engine
-            self.accepted_reset.update(self.model.begin_step(scheduled))
+            self.accepted_reset.update(mirror.begin_step(scheduled))
             for rid in self.accepted_reset.intersection(scheduled):
                 self.trace.after_accepted_reset.add((step, rid))
                 self.accepted_reset.discard(rid)
@@ -268,23 +275,17 @@ class _Runner:
         return orders
 
     def _connector_load(self, rec: StepRecord, rid: str, num_tokens: int) -> None:
-        table = self.session.mamba_block_ids(rid)
         state = self.live[rid].truth.at(num_tokens)
-        block = self.model.load_external(table, num_tokens, state)
+        block = self.mirror.load((self.session.mamba_block_ids(rid),), num_tokens, state)
         rec.writes.append(SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
 
     def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int]) -> list[int]:
         req = self.session.request(rid)
         live = self.live[rid]
         start = req.num_computed_tokens - n  # schedule() already advanced it
-        base = n - len(drafts)
-        tokens = live.truth.tokens[start : start + base]  # a fresh list
-        if drafts:
-            tokens += drafts
-        table = self.session.mamba_block_ids(rid)
-        spec_row = self.spec and self.model.is_spec_row(start, n, len(drafts), req.num_prompt_tokens,
-                                                        live.prefill_len or req.num_prompt_tokens)
-        row = self.model.run_row(rid, table, start, tokens, len(drafts), spec_row, live.truth)
+        tables = (self.session.mamba_block_ids(rid),)
+        spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, live.truth, req.num_prompt_tokens,
+                                            live.prefill_len or req.num_prompt_tokens)
         if spec_row:
             self.trace.spec_rows.add((rec.step, rid))
         first = live.first_chunk_pending
@@ -293,7 +294,7 @@ class _Runner:
                                 live.truth.at(start), first, first and start > 0))
         for col, block, state, cause in row.writes:
             rec.writes.append(SlotWrite(rid, col, block, state, cause))
-        prefill_done = start + base >= req.num_tokens
+        prefill_done = start + n - len(drafts) >= req.num_tokens
         if not prefill_done:
             sampled: list[int] = []
         elif not drafts:
@@ -301,8 +302,8 @@ class _Runner:
         else:
             sampled = self._accept(row.outputs[-len(drafts) - 1 :], drafts)
         if self.spec:
-            for col, block, state, cause in self.model.postprocess_spec(rid, table, start, n, len(drafts),
-                                                                       max(len(sampled), 1)):
+            for col, block, state, cause in self.mirror.postprocess(rid, tables, start, n, len(drafts),
+                                                                    accepted_count(sampled)):
                 rec.writes.append(SlotWrite(rid, col, block, state, cause))
         return sampled
 
@@ -327,9 +328,7 @@ class _Runner:
             req = self.session.request(rid)
             if req is None:
                 continue
-            have = len(live.truth)
-            if req.num_tokens > have:
-                live.truth.append(list(req.all_token_ids[have:]))
+            extend_truth(live.truth, req)
             if req.is_finished():
                 if rid not in self.trace.finish_status:
                     self.trace.finish_status[rid] = req.status.name
@@ -361,6 +360,7 @@ class _Runner:
             self.book.learn(rid, self.session.block_hashes(rid), live.truth)
         written = self.model.take_dirty()
         known = self.known_entries
+        describe = self.auditor.entry
         seen: set[tuple[bytes, int]] = set()
         for key, block in self.session.cached_mamba_blocks():
             ident = (key, block.block_id)
@@ -371,8 +371,5 @@ class _Runner:
             entry = vb.SchedulerSession.mamba_entry(key, block)
             if new:
                 self.trace.hashed_snapshots += 1
-            owner, claimed = self.book.claim(entry.block_hash) or ("?", State(-3, 0))
-            column = -(-claimed.num_tokens // self.s.engine.mamba_block_size) - 1
-            rec.cache.append(CacheEntry(entry.block_id, column, claimed, self.model.state_of(entry.block_id), owner, new,
-                                        entry.primary, entry.claimed_tokens))
+            rec.cache.append(describe(entry.block_hash, entry.block_id, entry.primary, entry.claimed_tokens, new))
         self.known_entries = seen

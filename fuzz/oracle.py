@@ -18,7 +18,7 @@ from fuzz.findings import (
     VllmCrash,
 )
 from fuzz.state import State
-from fuzz.trace import Chunk, SlotWrite, StepRecord, Trace
+from fuzz.trace import CacheEntry, Chunk, SlotWrite, StepRecord, Trace
 
 
 def _relation(held: State, claimed: State) -> str:
@@ -103,11 +103,27 @@ def mechanism(trace: Trace, block_id: int, step: int, owner: str, written_by: in
     return f"{stop},{admission_path(trace, owner, step)},{w.cause}"
 
 
+def holds_other_state(e: CacheEntry) -> bool:
+    """The block under this key does not hold the state the key claims."""
+    return e.held != e.claimed
+
+
+def records_other_count(e: CacheEntry) -> bool:
+    """The block's own key records a block_hash_num_tokens its hash does not cover."""
+    return e.primary and e.recorded_tokens is not None and e.recorded_tokens != e.claimed.num_tokens
+
+
+def slot_hash_poisoned(e: CacheEntry) -> bool:
+    """Whether `check_slot_hashes` reports this entry: the one predicate for a published mamba
+    block, which the runtime audit plugin applies to a live engine's entries too."""
+    return holds_other_state(e) or records_other_count(e)
+
+
 def check_slot_hashes(trace: Trace) -> Finding | None:
     """(a) After every step, each mamba block under a hash holds the state the hash claims."""
     for rec in trace.steps:
         for e in rec.cache:
-            if e.held != e.claimed:
+            if holds_other_state(e):
                 rel = _relation(e.held, e.claimed)
                 writer, cause = last_write(trace, e.block_id, rec.step)
                 # "+ckpt": a row ran across the claimed boundary and either exported an internal
@@ -127,7 +143,7 @@ def check_slot_hashes(trace: Trace) -> Finding | None:
                     location=f"{rel}/{cause}", step=rec.step, request_id=e.claimed_by,
                     mechanism=mechanism(trace, e.block_id, rec.step, e.claimed_by),
                 )
-            if e.primary and e.recorded_tokens is not None and e.recorded_tokens != e.claimed.num_tokens:
+            if records_other_count(e):
                 return SlotHashMismatch(
                     f"step {rec.step}: mamba block {e.block_id} records block_hash_num_tokens="
                     f"{e.recorded_tokens} but its hash covers {e.claimed.num_tokens} tokens",

@@ -10,6 +10,9 @@ from typing import Any
 
 from fuzz.scenario import Scenario
 
+DONE = "done"  # every request arrived and none is left
+BOUND = "bound"  # still going at the liveness bound: the run stalled
+
 
 @dataclass
 class StepPlan:
@@ -40,7 +43,13 @@ class StepPlan:
 
     def done(self, step: int, has_unfinished: bool) -> bool:
         """Every request has arrived and none is left."""
-        return step > self.last_arrival and not has_unfinished
+        return self.end(step, has_unfinished) == DONE
+
+    def end(self, step: int, has_unfinished: bool) -> str | None:
+        """Why a run stops before `step` (DONE, else BOUND), or None while it goes on."""
+        if step > self.last_arrival and not has_unfinished:
+            return DONE
+        return BOUND if step >= self.bound else None
 
     def feed(self, step: int, session: Any, prompts: list[list[int]]) -> None:
         """Add `step`'s arrivals to a scheduler session (fuzz.vllm_bridge.SchedulerSession) and

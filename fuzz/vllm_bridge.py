@@ -366,25 +366,6 @@ class SchedulerSession:
                                 block.block_hash_num_tokens if primary else None)
 
     @staticmethod
-    def block_copies(out: SchedulerOutput) -> list[tuple[int, int]]:
-        return [(c.src_block_id, c.dst_block_id) for c in (out.kv_cache_block_copies or [])]
-
-    @staticmethod
-    def blocks_to_zero(out: SchedulerOutput) -> list[int]:
-        return list(out.new_block_ids_to_zero or [])
-
-    @staticmethod
-    def dropped_worker_state(out: SchedulerOutput) -> set[str]:
-        """Requests whose worker-side running-state index is forgotten this step
-        (mirrors vllm/v1/worker/mamba_utils.py:cleanup_mamba_state_idx)."""
-        dropped = set(out.finished_req_ids)
-        if out.preempted_req_ids:
-            dropped.update(out.preempted_req_ids)
-        if out.scheduled_cached_reqs.resumed_req_ids:
-            dropped.update(out.scheduled_cached_reqs.resumed_req_ids)
-        return dropped
-
-    @staticmethod
     def spec_tokens(out: SchedulerOutput) -> Mapping[str, list[int]]:
         return out.scheduled_spec_decode_tokens
 

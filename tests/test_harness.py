@@ -76,6 +76,7 @@ def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
     their block that step: a block overwritten after publication shows up again, poisoned."""
     from types import SimpleNamespace
 
+    from fuzz.block_audit import BlockAuditor
     from fuzz.harness import _Runner
     from fuzz.hash_book import HashBook
     from fuzz.kernel_model import KernelGeometry, KernelModel
@@ -95,6 +96,7 @@ def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
     runner.model = KernelModel(KernelGeometry(block_size=8, hash_block_size=8, checkpoint_alignment=None,
                                               cache_hit_alignment_tokens=8, drop_eagle_block=False,
                                               null_block_id=0, vocab_size=1024))
+    runner.auditor = BlockAuditor(runner.book, runner.model, 8)
 
     def step(write=None):
         if write is not None:

@@ -4,11 +4,13 @@ Why: the harness proves poisoning under a simulated runner; a production engine 
 diffed against an uncached twin.  But the scheduler alone knows everything needed to tell
 what each mamba block holds: which chunk ran (SchedulerOutput), into which block-table
 column the kernel writes its end state, which copies the worker applies, and which hash
-each newly cached block is published under.  This plugin replays those facts through the
-project's kernel model (`fuzz.kernel_model`, the same rules the harness uses: chunk-end
-writes, pre-copies, spec-token writes, post-copies, CoW copies, zeroing, internal
-checkpoints) and checks every newly hashed mamba block against the state its hash claims:
-the state after exactly `block_hash_num_tokens` tokens of the request that defined it.
+each newly cached block is published under.  This plugin replays those facts through
+`fuzz.worker_mirror` (the step code the harness runs, over one kernel model per mamba group:
+chunk-end writes, pre-copies, spec-token writes, post-copies, CoW copies, zeroing, internal
+checkpoints) and checks every newly hashed mamba block with `fuzz.block_audit` against the
+state its hash claims (the state after exactly the tokens of the request that defined it),
+judged by `fuzz.oracle.slot_hash_poisoned`, the predicate of the harness's `slot_hash` finding.
+Importing this module imports neither vLLM nor those modules: they load on the first step.
 
 Enable: `MAMBAFUZZ_AUDIT=1` (the entry point `vllm.general_plugins: mambafuzz_audit` calls
 `register()` in every vLLM process; without the variable it does nothing).  Each poisoned
@@ -16,8 +18,9 @@ entry is logged once (request, slot, block, claimed and held offsets); the runni
 logged every `MAMBAFUZZ_AUDIT_EVERY` steps (default 100) and exported as the Prometheus
 counter `mambafuzz_poisoned_mamba_blocks_total` when prometheus_client is importable and the
 scheduler logs stats.  Limits: a KV connector is trusted to load the true state of the
-tokens it claims (its load is modelled as that write), and spec decode assumes synchronous
-scheduling.
+tokens it claims (its load is modelled as that write), spec decode assumes synchronous
+scheduling, and an entry whose hash the bounded hash book no longer knows is counted
+(`unjudged`), not judged.
 """
 
 from __future__ import annotations
@@ -54,40 +57,45 @@ class Poisoned:
     claimed_tokens: int
     held_tokens: int  # -1: zeroed, -2: never written
     held_matches_count: bool  # right offset, wrong tokens (another prefix's state)
+    recorded_tokens: int | None = None  # a block_hash_num_tokens its hash does not cover (else None)
 
     def describe(self) -> str:
-        what = "the right offset but another prefix's state" if self.held_matches_count else (
-            f"state@{self.held_tokens}" if self.held_tokens >= 0 else
-            ("a zeroed block" if self.held_tokens == -1 else "a block never written"))
+        if self.recorded_tokens is not None:
+            what = f"records block_hash_num_tokens={self.recorded_tokens}"
+        else:
+            what = "holds " + ("the right offset but another prefix's state" if self.held_matches_count else (
+                f"state@{self.held_tokens}" if self.held_tokens >= 0 else
+                ("a zeroed block" if self.held_tokens == -1 else "a block never written")))
         return (f"mamba prefix-cache entry poisoned: request {self.request_id} group {self.group} slot {self.column} "
-                f"(block {self.block_id}) claims state@{self.claimed_tokens}, holds {what} (step {self.step})")
+                f"(block {self.block_id}) claims state@{self.claimed_tokens}, {what} (step {self.step})")
 
 
 @dataclass
 class _Pending:
     key: Any  # BlockHashWithGroupId
     block_id: int
-    num_tokens: int | None
 
 
 @dataclass
 class SchedulerAudit:
     """The audit state of one Scheduler instance."""
 
-    block_size: dict[int, int]  # mamba group id -> its block size
     models: dict[int, Any]  # mamba group id -> KernelModel
     hash_block_size: int
     every: int
     spec_engine: bool  # the worker post-processes every row after a spec-decode forward
     generation: int  # the install() it belongs to: a re-install starts every scheduler afresh
+    book: Any  # fuzz.hash_book.HashBook: hash -> (request, claimed State), as in the harness
+    mirror: Any  # fuzz.worker_mirror.WorkerMirror over `models`, in their order
+    auditors: dict[int, Any]  # mamba group id -> fuzz.block_audit.BlockAuditor
     truths: dict[str, Any] = field(default_factory=dict)  # live request id -> PrefixStates
-    book: Any = None  # fuzz.hash_book.HashBook: hash -> (request, claimed State), shared with the harness
     pending: list[_Pending] = field(default_factory=list)
     poisoned: list[Poisoned] = field(default_factory=list)
     checked: int = 0
+    unjudged: int = 0  # published under a hash the bounded book had dropped
     steps: int = 0
-    # spec-decode rows of the step: rid -> (start, n, drafts, {group: block table at schedule time})
-    spec_rows: dict[str, tuple[int, int, int, dict[int, list[int]]]] = field(default_factory=dict)
+    # spec-decode rows of the step: rid -> (start, n, drafts, block tables at schedule time in model order)
+    spec_rows: dict[str, tuple[int, int, int, list[list[int]]]] = field(default_factory=dict)
     external_loads: set[str] = field(default_factory=set)  # admitted with connector tokens, not yet run
     prefill_len: dict[str, int] = field(default_factory=dict)  # tokens at the last (re)admission (V2)
 
@@ -144,7 +152,7 @@ def install() -> None:
             block.block_hash == key or self.cached_block_hash_to_block.contain(key, block.block_id))
         orig_insert(self, key, block, num_tokens)
         if fresh:  # a publication (again, after an eviction or a reset, is a new one)
-            audit.pending.append(_Pending(key, block.block_id, num_tokens))
+            audit.pending.append(_Pending(key, block.block_id))
 
     def allocate_slots(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         blocks = orig_allocate(self, request, *args, **kwargs)
@@ -242,11 +250,15 @@ def _new_audit(sched: Any) -> SchedulerAudit | None:
             num_speculative_tokens=num_spec), runner=runner, mixer="mamba2" if checkpoints else "gdn")
     every = max(int(os.environ.get(ENV_EVERY, "100") or 100), 1)
     _maybe_counter(sched)
+    from fuzz.block_audit import BlockAuditor
     from fuzz.hash_book import HashBook
+    from fuzz.worker_mirror import WorkerMirror
 
-    return SchedulerAudit({g: s.block_size for g, s in groups.items()}, models, sched.hash_block_size, every,
-                          sched.vllm_config.speculative_config is not None, _GENERATION,
-                          book=HashBook(sched.hash_block_size, limit=BOOK_LIMIT))
+    spec_engine = sched.vllm_config.speculative_config is not None
+    book = HashBook(sched.hash_block_size, limit=BOOK_LIMIT)
+    return SchedulerAudit(models, sched.hash_block_size, every, spec_engine, _GENERATION, book,
+                          WorkerMirror(list(models.values()), spec_engine),
+                          {g: BlockAuditor(book, models[g], s.block_size) for g, s in groups.items()})
 
 
 def _maybe_counter(sched: Any) -> None:
@@ -269,16 +281,19 @@ def _block_ids(sched: Any, gid: int, rid: str) -> list[int]:
     return [b.block_id for b in manager.req_to_blocks.get(rid, ())]
 
 
+def _tables(sched: Any, audit: SchedulerAudit, rid: str) -> list[list[int]]:
+    """The request's block table of each modelled group, in model order (the mirror's `tables`)."""
+    return [_block_ids(sched, gid, rid) for gid in audit.models]
+
+
 def _truth(audit: SchedulerAudit, req: Any) -> Any:
     from fuzz.state import PrefixStates
+    from fuzz.worker_mirror import extend_truth
 
     truth = audit.truths.get(req.request_id)
     if truth is None:
         truth = audit.truths[req.request_id] = PrefixStates()
-    have = len(truth)
-    if req.num_tokens > have:
-        truth.append(list(req.all_token_ids[have:req.num_tokens]))
-    return truth
+    return extend_truth(truth, req)
 
 
 def _learn(audit: SchedulerAudit, req: Any, truth: Any) -> None:
@@ -287,22 +302,15 @@ def _learn(audit: SchedulerAudit, req: Any, truth: Any) -> None:
 
 def _after_schedule(sched: Any, audit: SchedulerAudit, out: Any) -> None:
     """Apply what the worker does with this SchedulerOutput, in the worker's order."""
-    dropped = set(out.finished_req_ids) | set(out.preempted_req_ids or ()) | set(
-        out.scheduled_cached_reqs.resumed_req_ids or ())
-    zero = list(out.new_block_ids_to_zero or ())
-    copies = [(c.src_block_id, c.dst_block_id) for c in (out.kv_cache_block_copies or ())]
-    spec = out.scheduled_spec_decode_tokens
-    for model in audit.models.values():
-        model.forget_requests(dropped)
-        model.zero_blocks(zero)
-        model.copy_blocks(copies)
+    mirror = audit.mirror
+    mirror.before_forward(out)
     audit.spec_rows.clear()
     for new_req in out.scheduled_new_reqs:  # V2 hands resumed requests over as new ones too
         req = sched.requests.get(new_req.req_id)
         if req is not None:
             audit.prefill_len[new_req.req_id] = req.num_tokens
-    for model in audit.models.values():
-        model.begin_step(out.num_scheduled_tokens)
+    mirror.begin_step(out.num_scheduled_tokens)
+    spec = out.scheduled_spec_decode_tokens
     for rid, n in out.num_scheduled_tokens.items():
         req = sched.requests.get(rid)
         if req is None:
@@ -311,16 +319,13 @@ def _after_schedule(sched: Any, audit: SchedulerAudit, out: Any) -> None:
         start = req.num_computed_tokens - n  # schedule() already advanced it
         truth = _truth(audit, req)
         _learn(audit, req, truth)
-        tokens = truth.tokens[start:start + n - len(drafts)] + drafts
-        loaded = rid in audit.external_loads and start > 0
-        audit.external_loads.discard(rid)
-        tables = {gid: _block_ids(sched, gid, rid) for gid in audit.models}
-        prefill_len = audit.prefill_len.get(rid, req.num_prompt_tokens)
-        for gid, model in audit.models.items():
-            if loaded:  # the connector put the state of the first `start` tokens in that column
-                model.load_external(tables[gid], start, truth.at(start))
-            spec_row = model.is_spec_row(start, n, len(drafts), req.num_prompt_tokens, prefill_len)
-            model.run_row(rid, tables[gid], start, tokens, len(drafts), spec_row, truth)
+        tables = _tables(sched, audit, rid)
+        if rid in audit.external_loads:
+            audit.external_loads.discard(rid)
+            if start > 0:  # the connector put the state of the first `start` tokens in that column
+                mirror.load(tables, start, truth.at(start))
+        mirror.run_row(rid, tables, start, n, drafts, truth, req.num_prompt_tokens,
+                       audit.prefill_len.get(rid, req.num_prompt_tokens))
         if audit.spec_engine:  # post-processed after the forward, with these tables (a finished
             audit.spec_rows[rid] = (start, n, len(drafts), tables)  # request's blocks are freed by then)
     for rid in out.finished_req_ids:
@@ -333,11 +338,13 @@ def _accepted_counts(audit: SchedulerAudit, model_output: Any) -> dict[str, int]
     """Tokens each spec-decode row kept this step (at least 1, as the worker counts them)."""
     if not audit.spec_rows:
         return {}
+    from fuzz.worker_mirror import accepted_count
+
     index, sampled = model_output.req_id_to_index, model_output.sampled_token_ids or []
     counts = {}
     for rid in audit.spec_rows:
         i = index.get(rid)
-        counts[rid] = max(len(sampled[i]) if i is not None and i < len(sampled) else 0, 1)
+        counts[rid] = accepted_count(sampled[i] if i is not None and i < len(sampled) else None)
     return counts
 
 
@@ -349,16 +356,14 @@ def _async_loads_done(sched: Any, audit: SchedulerAudit, model_output: Any) -> N
         if rid not in audit.external_loads or req is None or req.num_computed_tokens <= 0:
             continue
         audit.external_loads.discard(rid)
-        truth = _truth(audit, req)
-        for gid, model in audit.models.items():
-            model.load_external(_block_ids(sched, gid, rid), req.num_computed_tokens, truth.at(req.num_computed_tokens))
+        audit.mirror.load(_tables(sched, audit, rid), req.num_computed_tokens,
+                          _truth(audit, req).at(req.num_computed_tokens))
 
 
 def _after_update(sched: Any, audit: SchedulerAudit, accepted: dict[str, int]) -> None:
     audit.steps += 1
     for rid, (start, n, drafts, tables) in audit.spec_rows.items():
-        for gid, model in audit.models.items():
-            model.postprocess_spec(rid, tables[gid], start, n, drafts, accepted.get(rid, 1))
+        audit.mirror.postprocess(rid, tables, start, n, drafts, accepted.get(rid, 1))
     for req in list(sched.requests.values()):  # tokens appended this step extend the truth
         if req.request_id in audit.truths:
             _learn(audit, req, _truth(audit, req))
@@ -369,26 +374,33 @@ def _after_update(sched: Any, audit: SchedulerAudit, accepted: dict[str, int]) -
 
 
 def _judge(sched: Any, audit: SchedulerAudit) -> None:
+    """Judge this step's publications on mamba blocks still cached, each key once."""
+    from fuzz.oracle import holds_other_state, slot_hash_poisoned
     from fuzz.vllm_compat.api import get_block_hash, get_group_id
 
     pending, audit.pending = audit.pending, []
-    cache = sched.kv_cache_manager.block_pool.cached_block_hash_to_block
+    pool = sched.kv_cache_manager.block_pool
+    cache = pool.cached_block_hash_to_block
     seen: set[tuple[Any, int]] = set()
     for p in pending:
         gid = get_group_id(p.key)
-        model = audit.models.get(gid)
-        if model is None or (p.key, p.block_id) in seen or not cache.contain(p.key, p.block_id):
+        auditor = audit.auditors.get(gid)
+        if auditor is None or (p.key, p.block_id) in seen or not cache.contain(p.key, p.block_id):
             continue  # not a mamba group, or published and dropped again within the step
         seen.add((p.key, p.block_id))
-        audit.checked += 1
-        owner, truth = audit.book.claim(bytes(get_block_hash(p.key))) or ("?", None)
-        claimed = truth.num_tokens if truth is not None else (p.num_tokens or 0)
-        held = model.state_of(p.block_id)
-        if held.num_tokens == claimed and (truth is None or held == truth):
+        block_hash = bytes(get_block_hash(p.key))
+        if not auditor.knows(block_hash):
+            audit.unjudged += 1
             continue
-        column = -(-claimed // audit.block_size[gid]) - 1
-        bad = Poisoned(audit.steps, owner, gid, column, p.block_id, claimed, held.num_tokens,
-                       held.num_tokens == claimed)
+        audit.checked += 1
+        block = pool.blocks[p.block_id]
+        primary = block.block_hash == p.key
+        e = auditor.entry(block_hash, p.block_id, primary, block.block_hash_num_tokens if primary else None, True)
+        if not slot_hash_poisoned(e):
+            continue
+        claimed, held = e.claimed.num_tokens, e.held.num_tokens
+        bad = Poisoned(audit.steps, e.claimed_by, gid, e.column, p.block_id, claimed, held, held == claimed,
+                       None if holds_other_state(e) else e.recorded_tokens)
         audit.poisoned.append(bad)
         logger.warning(bad.describe())
         if _COUNTER is not None:

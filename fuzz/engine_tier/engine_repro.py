@@ -15,14 +15,13 @@ from __future__ import annotations
 import math
 import os
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fuzz.engine_tier import engines
 from fuzz.scenario import Scenario
-from fuzz.step_plan import StepPlan
+from fuzz.step_plan import DONE, StepPlan
 
 # Cached and uncached runs cut prefills at different offsets and batch differently, and the
 # model computes in bf16, so the same position's logprob moves between runs.  Measured with
@@ -55,14 +54,6 @@ class Replay:
     wall_s: float = 0.0
 
 
-def _vllm_frame(exc: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/vllm/" in f.filename]
-    if not frames:
-        return "outside-vllm"
-    f = frames[-1]
-    return f"{f.filename[f.filename.rfind('/vllm/') + 1:]}:{f.lineno} in {f.name}"
-
-
 def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> Replay:
     """Drive `s` step by step through `handle`'s engine: arrivals and aborts at their steps,
     one engine.step() per step, until every request finished (or the liveness bound)."""
@@ -77,9 +68,10 @@ def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> R
     step = 0
     try:
         while True:
-            if plan.done(step, handle.engine.has_unfinished_requests()):
+            end = plan.end(step, handle.engine.has_unfinished_requests())
+            if end == DONE:
                 break
-            if step >= plan.bound or time.monotonic() - t0 > SCENARIO_TIMEOUT:
+            if end is not None or time.monotonic() - t0 > SCENARIO_TIMEOUT:
                 out.unfinished = [rid for rid in added if rid not in out.aborted and not _finished(out, rid)]
                 break
             for i, rid in plan.arrivals(step):
@@ -99,7 +91,9 @@ def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> R
             out.schedule.append({_external(k): v for k, v in log[-1].items()} if len(log) > before else {})
             step += 1
     except Exception as exc:  # vLLM raised while serving: the engine is no longer trustworthy
-        out.crash = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]} at {_vllm_frame(exc)} (step {step})"
+        from fuzz.harness import vllm_frame
+
+        out.crash = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]} at {vllm_frame(exc)} (step {step})"
     out.steps = step
     out.wall_s = time.monotonic() - t0
     if out.crash is not None:

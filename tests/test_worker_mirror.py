@@ -1,0 +1,107 @@
+"""The shared step pieces: the worker mirror over several mamba groups, the block auditor, and
+the audit plugin's import staying free of vLLM."""
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+from fuzz.block_audit import BlockAuditor
+from fuzz.hash_book import HashBook
+from fuzz.kernel_model import KernelGeometry, KernelModel
+from fuzz.oracle import slot_hash_poisoned
+from fuzz.state import PrefixStates
+from fuzz.worker_mirror import WorkerMirror
+
+TRUTH = PrefixStates(list(range(1, 40)))
+
+
+def model(block_size: int) -> KernelModel:
+    return KernelModel(KernelGeometry(block_size=block_size, hash_block_size=4, checkpoint_alignment=None,
+                                      cache_hit_alignment_tokens=block_size, drop_eagle_block=False,
+                                      null_block_id=0, vocab_size=1024, spec_engine=True,
+                                      num_speculative_tokens=2))
+
+
+def output(copies=(), zero=(), finished=()):
+    """The SchedulerOutput fields the mirror reads."""
+    return SimpleNamespace(finished_req_ids=set(finished), preempted_req_ids=None,
+                           scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=None), new_block_ids_to_zero=list(zero),
+                           kv_cache_block_copies=[SimpleNamespace(src_block_id=s, dst_block_id=d) for s, d in copies])
+
+
+def drive(mirror: WorkerMirror, tables: list[list[int]]) -> list:
+    """Three steps of one request (a chunk, a chunk, a spec-decode row) with a load, a zeroed
+    block and a copy (block ids of the one pool every group shares)."""
+    seen = [mirror.before_forward(output(zero=[11]))]
+    seen.append(mirror.load(tables, 4, TRUTH.at(4)))
+    mirror.begin_step({"r": 6})
+    seen.append(mirror.run_row("r", tables, 4, 6, [], TRUTH, 20, 20))
+    seen.append(mirror.run_row("r", tables, 10, 10, [], TRUTH, 20, 20))
+    seen.append(mirror.before_forward(output(copies=[(11, 99)])))
+    seen.append(mirror.run_row("r", tables, 20, 3, [7, 8], TRUTH, 20, 20))
+    seen.append(mirror.postprocess("r", tables, 20, 3, 2, 2))
+    seen.append(mirror.begin_step({}))  # V1 forgets the unscheduled row's accepted count
+    return seen
+
+
+def test_a_mirror_over_two_groups_does_what_one_mirror_per_group_does():
+    tables = [[11, 12, 13, 14, 15, 16, 17], [21, 22, 23, 24]]  # block sizes 4 and 8
+    both = WorkerMirror([model(4), model(8)], spec_engine=True)
+    got = drive(both, tables)
+    alone = [WorkerMirror([model(size)], spec_engine=True) for size in (4, 8)]
+    first = drive(alone[0], tables[:1])
+    drive(alone[1], tables[1:])
+    assert got == first  # the first model's results come back
+    assert [m.held for m in both.models] == [m.first.held for m in alone]
+    assert both.models[1].held  # the second group was written too
+    assert first[4] == [(99, TRUTH.at(4))]  # the copy's destination, as held right after it
+    assert first[-1] == ["r"]
+
+
+def test_auditor_describes_what_the_hash_claims_and_the_block_holds():
+    book = HashBook(4)
+    book.learn("r0", [b"a", b"b"], TRUTH)
+    m = model(4)
+    m.load_external([5, 6], 8, TRUTH.at(8))
+    auditor = BlockAuditor(book, m, 4)
+    right = auditor.entry(b"b", 6, True, 8, True)
+    assert (right.claimed_by, right.column, right.held) == ("r0", 1, TRUTH.at(8)) and not slot_hash_poisoned(right)
+    assert slot_hash_poisoned(auditor.entry(b"b", 6, True, 4, True))  # records a count its hash does not cover
+    assert slot_hash_poisoned(auditor.entry(b"a", 6, False, None, True))  # holds state@8, claims state@4
+    assert not auditor.knows(b"c") and slot_hash_poisoned(auditor.entry(b"c", 6, False, None, True))
+
+
+def test_importing_the_audit_plugin_imports_no_vllm():
+    """The plugin is loaded by every vLLM process: its import may not pull vLLM or the bridge's
+    module-level patches in; the step pieces load on the first audited step."""
+    code = ("import sys; import fuzz.engine_tier.audit_plugin, fuzz.worker_mirror, fuzz.block_audit; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm' or m == 'fuzz.vllm_bridge'"
+            " or m == 'fuzz.kernel_model'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_audit_plugin_judges_a_publication_with_the_oracles_predicate():
+    """A live publication whose block holds the claimed state but records a token count its hash
+    does not cover is poisoned, as the oracle's slot_hash check says; a hash the bounded book
+    no longer knows is counted, not judged."""
+    from fuzz.engine_tier import audit_plugin
+    from fuzz.vllm_compat.api import make_block_hash_with_group_id
+
+    book = HashBook(4)
+    book.learn("r0", [b"a" * 32, b"b" * 32], TRUTH)
+    m = model(4)
+    m.load_external([5, 6], 8, TRUTH.at(8))
+    key, unknown = make_block_hash_with_group_id(b"b" * 32, 1), make_block_hash_with_group_id(b"c" * 32, 1)
+    blocks = {6: SimpleNamespace(block_hash=key, block_hash_num_tokens=4),
+              7: SimpleNamespace(block_hash=unknown, block_hash_num_tokens=12)}
+    pool = SimpleNamespace(blocks=blocks, cached_block_hash_to_block=SimpleNamespace(contain=lambda k, b: True))
+    sched = SimpleNamespace(kv_cache_manager=SimpleNamespace(block_pool=pool))
+    audit = audit_plugin.SchedulerAudit({1: m}, 4, 100, False, 0, book, WorkerMirror([m], False),
+                                        {1: BlockAuditor(book, m, 4)})
+    audit.pending = [audit_plugin._Pending(key, 6), audit_plugin._Pending(unknown, 7)]
+    audit_plugin._judge(sched, audit)
+    assert (audit.checked, audit.unjudged) == (1, 1)
+    [bad] = audit.poisoned
+    assert (bad.request_id, bad.column, bad.claimed_tokens, bad.recorded_tokens) == ("r0", 1, 8, 4)
+    assert "records block_hash_num_tokens=4" in bad.describe()
