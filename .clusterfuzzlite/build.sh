@@ -1,5 +1,5 @@
 #!/bin/bash -eu
-# Build mambafuzz's atheris targets (fuzz/targets/fuzz_*.py) and their seed corpus zips.
+# Build mambafuzz's atheris targets (fuzz/search/targets/fuzz_*.py) and their seed corpus zips.
 #
 # Inside ClusterFuzzLite/OSS-Fuzz ($SRC, $OUT set by the builder image): installs the project
 # with the CPU vLLM, bundles each target with compile_python_fuzzer, and zips the seeds.
@@ -14,7 +14,7 @@ if [ "${DRY_RUN:-0}" != "1" ]; then
   pip3 install '.[cpu,fuzz]'
   pip3 uninstall -y torchvision torchaudio torchcodec || true
 fi
-for fuzzer in fuzz/targets/fuzz_*.py; do
+for fuzzer in fuzz/search/targets/fuzz_*.py; do
   name=$(basename -s .py "$fuzzer")
   python3 - "$OUT/${name}_seed_corpus.zip" corpus/seeds corpus/regressions corpus/generated <<'PY'
 import sys, zipfile, pathlib

@@ -31,7 +31,7 @@ BLOCK = 256
 
 
 def workload(num_requests: int):
-    from fuzz.scenario import EngineConfig, RequestSpec, Scenario
+    from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario
 
     reqs = [RequestSpec(prefix_ids=[i % 2], unique_len=500 + 137 * i % 1000, max_tokens=32)
             for i in range(num_requests)]
@@ -52,7 +52,7 @@ def measure(kind: str, rounds: int, num_requests: int) -> dict:
     s = workload(num_requests)
     tokens = sum(s.prompt_len(i) + r.max_tokens for i, r in enumerate(s.requests))
     if kind == "scheduler":
-        from fuzz import harness
+        from fuzz.sim import harness
 
         def run() -> None:
             for _ in range(5):

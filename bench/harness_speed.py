@@ -13,8 +13,8 @@ the VllmConfigs is excluded; time.perf_counter, or time.process_time with --cloc
             the same steps);
             Prompt token ids are built once, outside the timing (that is harness work);
   bare2     bare1 plus the same loop with prefix caching off (what evaluate's 2 runs cost bare);
-  harness1  fuzz.harness.run(scenario): one cached harness run;
-  evaluate  fuzz.pipeline.evaluate(scenario, "fixed"): cached + uncached runs + oracle;
+  harness1  fuzz.sim.harness.run(scenario): one cached harness run;
+  evaluate  fuzz.checks.pipeline.evaluate(scenario, "fixed"): cached + uncached runs + oracle;
   tests10k  evaluate as vLLM's own CPU tests build a scheduler (tests/v1/core/utils.py,
             create_scheduler): every run builds its ModelConfig, VllmConfig, KVCacheConfig and a
             Scheduler over a fresh 10,000-block KVCacheManager from scratch (our build caches
@@ -53,10 +53,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
-from fuzz import harness, pipeline
-from fuzz import vllm_bridge as vb
-from fuzz.scenario import EngineConfig, RequestSpec, Scenario, ample_pool_blocks, validate
-from fuzz.step_plan import StepPlan, propose_drafts
+from fuzz.checks import pipeline
+from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ample_pool_blocks, validate
+from fuzz.model.step_plan import StepPlan, propose_drafts
+from fuzz.sim import harness
+from fuzz.sim import vllm_bridge as vb
 
 CONST_TOKEN = 7  # the bare loop's sampled (and drafted) token
 FRESH_BLOCKS = 10_000

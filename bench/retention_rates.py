@@ -16,10 +16,10 @@ import collections
 import random
 import time
 
-from fuzz import splits
-from fuzz.generate import random_scenario
-from fuzz.pipeline import evaluate
-from fuzz.scenario import EngineConfig, validate
+from fuzz.checks.pipeline import evaluate
+from fuzz.model.generate import random_scenario
+from fuzz.model.scenario import EngineConfig, validate
+from fuzz.sim import splits
 
 
 def retention_class(e: EngineConfig) -> str:

@@ -7,17 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import attribution, corpus, patching
-from fuzz.export import finding_runner
-from fuzz.finding_store import FindingStore, known_signatures
-from fuzz.pipeline import evaluate
-from fuzz.scenario import with_runner
+from fuzz.checks import attribution
+from fuzz.checks.pipeline import evaluate
+from fuzz.model.scenario import with_runner
+from fuzz.sim import patching
+from fuzz.store import corpus
+from fuzz.store.export import finding_runner
+from fuzz.store.finding_store import FindingStore, known_signatures
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / "corpus" / "upstream"
 KNOWN = [ROOT / "corpus" / "regressions", UPSTREAM]
 MIDBLOCK = UPSTREAM / "internal_checkpoint_midblock_resume"
-PLANTED = "fuzz.mutants:realign_one_block_late_split"
+PLANTED = "fuzz.search.mutants:realign_one_block_late_split"
 
 
 def collision_scenario():

@@ -1,16 +1,16 @@
 """Every seed is clean on the installed split; every regression case gives its expected
 verdict on each split it lists (`ci/regress` runs exactly this file). A case's
-`expected_by_vllm` entry for the installed vLLM replaces its `expected` verdicts (fuzz/corpus.py);
+`expected_by_vllm` entry for the installed vLLM replaces its `expected` verdicts (fuzz/store/corpus.py);
 a case the installed vLLM cannot run (a feature it lacks) is skipped with the reason."""
 
 from pathlib import Path
 
 import pytest
 
-from fuzz.corpus import load_case, split_key
-from fuzz.pipeline import evaluate as _evaluate
-from fuzz.scenario import ScenarioError
-from fuzz.vllm_compat import VllmUnsupported
+from fuzz.checks.pipeline import evaluate as _evaluate
+from fuzz.model.scenario import ScenarioError
+from fuzz.sim.vllm_compat import VllmUnsupported
+from fuzz.store.corpus import load_case, split_key
 
 ROOT = Path(__file__).resolve().parent.parent
 REGRESSION_DIR = Path(__import__("os").environ.get("MAMBAFUZZ_REGRESSIONS", ROOT / "corpus" / "regressions"))
@@ -78,7 +78,7 @@ def test_every_upstream_finding_has_a_fix_an_exported_test_and_a_report():
 
 @pytest.mark.parametrize("path", UPSTREAM_FIXED, ids=[p.stem for p in UPSTREAM_FIXED])
 def test_upstream_case_is_clean_under_its_candidate_fix(path):
-    from fuzz import patching
+    from fuzz.sim import patching
 
     patches = patching.load_patches(str(path.parent / "fix.py"))
     assert patching.check_applies(patches) is None

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.scenario import EngineConfig, RequestSpec, Scenario, validate
-from fuzz.scenario import loads as scenario_loads
+from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario, validate
+from fuzz.model.scenario import loads as scenario_loads
 
 SEEDS = sorted(glob.glob(str(Path(__file__).resolve().parent.parent / "corpus" / "seeds" / "*.json")))
 BLOCK = 256
@@ -51,8 +51,8 @@ POISON = Scenario(engine=_engine(max_num_batched_tokens=200), prefixes=[300], re
 
 
 def _supported_seeds() -> list[tuple[str, Scenario]]:
-    from fuzz import corpus
     from fuzz.engine_tier import engines
+    from fuzz.store import corpus
 
     out = []
     for path in SEEDS:
@@ -116,7 +116,7 @@ MTP = Scenario(engine=_engine(spec_method="mtp", num_speculative_tokens=1), requ
 
 
 def test_spec_decode_in_align_mode_runs_with_the_triton_interpreter():
-    """The align pre-copy/post-copy kernels run in Triton's interpreter (fuzz.triton_cpu), so MTP
+    """The align pre-copy/post-copy kernels run in Triton's interpreter (fuzz.checks.triton_cpu), so MTP
     in align mode is no longer a skip reason; the uncached engine never needed it."""
     from fuzz.engine_tier import engines
 
@@ -135,7 +135,7 @@ def test_interpreter_is_enabled_after_a_vllm_symbol_check_imported_the_kernel_mo
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-        from fuzz.vllm_compat.resolve import check_all
+        from fuzz.sim.vllm_compat.resolve import check_all
         check_all()
         import vllm.v1.worker.mamba_utils as mu
         before = type(mu.precopy_mamba_align_fused_kernel).__name__
@@ -149,7 +149,7 @@ def test_interpreter_is_enabled_after_a_vllm_symbol_check_imported_the_kernel_mo
 
 
 def test_spec_decode_in_align_mode_is_skipped_without_the_interpreter(monkeypatch):
-    from fuzz import triton_cpu
+    from fuzz.checks import triton_cpu
     from fuzz.engine_tier import engines
 
     def refuse(reimport_stale: bool = False) -> None:
@@ -228,8 +228,8 @@ def test_cli_skips_without_starting_an_engine(capsys):
 def _harness_poisoned(trace) -> int:
     """Poisoned entries over all mamba groups: the oracle watches the first group, and the
     other groups (same spec, same requests) publish the same states under their own keys."""
-    from fuzz.oracle import slot_hash_poisoned
-    from fuzz.scenario import MAMBA_GROUPS
+    from fuzz.checks.oracle import slot_hash_poisoned
+    from fuzz.model.scenario import MAMBA_GROUPS
 
     return MAMBA_GROUPS * sum(1 for st in trace.steps for c in st.cache if c.new and slot_hash_poisoned(c))
 
@@ -237,7 +237,8 @@ def _harness_poisoned(trace) -> int:
 def test_audit_counts_what_the_harness_oracle_counts(audit):
     """On the harness's scheduler (no engine): the plugin's count of poisoned mamba entries,
     from the scheduler side alone, equals the oracle's count from the kernel model."""
-    from fuzz import corpus, harness, splits
+    from fuzz.sim import harness, splits
+    from fuzz.store import corpus
 
     root = Path(__file__).resolve().parent.parent / "corpus"
     cases = sorted(str(p) for d in ("seeds", "regressions", "upstream") for p in (root / d).rglob("*.json"))
@@ -255,7 +256,7 @@ def test_audit_counts_what_the_harness_oracle_counts(audit):
 
 
 def test_audit_counts_a_poisoning_split_without_spec_decode(audit):
-    from fuzz import harness
+    from fuzz.sim import harness
 
     trace = harness.run(POISON, naive_split, "naive")
     bad = audit.RECENT[-1].poisoned
@@ -272,7 +273,7 @@ def test_audit_counter_exported_when_stats_are_on(audit, monkeypatch):
     import types
 
     prometheus_client = pytest.importorskip("prometheus_client")
-    from fuzz import harness
+    from fuzz.sim import harness
 
     monkeypatch.setattr(audit, "_COUNTER", None)
     audit._maybe_counter(types.SimpleNamespace(log_stats=True))
@@ -402,8 +403,8 @@ def test_pre_fix_split_gives_different_tokens_on_the_real_engine_with_mtp(engine
     equal the harness's.  Only the two align kernels with no C++ override are interpreted."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from fuzz import corpus
     from fuzz.engine_tier.engine_repro import confirm
+    from fuzz.store import corpus
 
     interpreted: set[str] = set()
     run = InterpretedFunction.run
@@ -442,7 +443,7 @@ def test_align_mode_mtp_stops_at_the_precopy_kernel_without_the_interpreter():
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
         from fuzz.engine_tier import engines
         from fuzz.engine_tier.tiny_model import ensure_model
-        from fuzz.vllm_compat.api import EngineArgs, LLMEngine, SamplingParams
+        from fuzz.sim.vllm_compat.api import EngineArgs, LLMEngine, SamplingParams
         from tests.test_engine_tier import MTP
         spec = engines.EngineSpec.for_scenario(MTP, True)
         engine = LLMEngine.from_engine_args(EngineArgs(**spec.engine_args(str(ensure_model()))))
@@ -471,8 +472,8 @@ def test_uncached_only_crash_with_mtp_is_confirmed_on_the_uncached_engine(engine
     but this finding is the harness's uncached run crashing: the uncached engine (MTP drafter from
     the tiny model's mtp.* weights) alone hits the same scheduler assertion (pad_spec_decode
     clipped by long_prefill_token_threshold)."""
-    from fuzz import corpus
     from fuzz.engine_tier.engine_repro import confirm
+    from fuzz.store import corpus
 
     s = corpus.load_case(str(SPEC_PAD)).scenario
     r = confirm(s, "fixed")

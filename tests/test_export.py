@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import corpus, export
+from fuzz.store import corpus, export
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / "corpus" / "upstream"
@@ -35,7 +35,7 @@ def _pytest(files: list[Path], fix: Path | None) -> subprocess.CompletedProcess:
            "-o", "addopts=", *map(str, files)]
     if fix is not None:
         env["MAMBAFUZZ_PATCHES"] = str(fix)
-        cmd[3:3] = ["-p", "fuzz.fix_plugin"]
+        cmd[3:3] = ["-p", "fuzz.store.fix_plugin"]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
 

@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from fuzz import harness, splits
-from fuzz.pipeline import evaluate
+from fuzz.checks.pipeline import evaluate
+from fuzz.sim import harness, splits
 from tests.conftest import first_chunk_scenario, shared_prefix_scenario
 
 
@@ -76,12 +76,12 @@ def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
     their block that step: a block overwritten after publication shows up again, poisoned."""
     from types import SimpleNamespace
 
-    from fuzz.block_audit import BlockAuditor
-    from fuzz.harness import _Runner
-    from fuzz.hash_book import HashBook
-    from fuzz.kernel_model import KernelGeometry, KernelModel
-    from fuzz.state import PrefixStates
-    from fuzz.trace import StepRecord, Trace
+    from fuzz.checks.block_audit import BlockAuditor
+    from fuzz.sim.harness import _Runner
+    from fuzz.sim.hash_book import HashBook
+    from fuzz.sim.kernel_model import KernelGeometry, KernelModel
+    from fuzz.sim.state import PrefixStates
+    from fuzz.sim.trace import StepRecord, Trace
 
     truth = PrefixStates(list(range(1, 20)))
     key = b"h" * 32 + bytes(4)  # a block hash plus the 4-byte group id vLLM appends
@@ -116,9 +116,9 @@ def test_an_exception_of_the_harness_itself_is_a_tool_error_not_a_vllm_crash(mon
     `vllm_crash:...@outside-vllm` (the mutation score counted one such "kill")."""
     import pytest
 
-    from fuzz import harness
     from fuzz.exit_codes import ToolError
-    from fuzz.kernel_model import KernelModel
+    from fuzz.sim import harness
+    from fuzz.sim.kernel_model import KernelModel
 
     def broken(self, *args, **kwargs):
         raise IndexError("simulated harness bug")
@@ -132,9 +132,9 @@ def test_an_exception_of_the_harness_itself_is_a_tool_error_not_a_vllm_crash(mon
 def test_a_worker_keeps_the_input_and_exits_3_on_a_tool_error(monkeypatch, tmp_path, capsys):
     import pytest
 
-    from fuzz import target_runtime
-    from fuzz.kernel_model import KernelModel
-    from fuzz.worker_protocol import WorkerConfig, parse_event
+    from fuzz.search import target_runtime
+    from fuzz.search.worker_protocol import WorkerConfig, parse_event
+    from fuzz.sim.kernel_model import KernelModel
 
     rt = target_runtime.Runtime(WorkerConfig(findings=str(tmp_path / "f"), generator="random"))
     monkeypatch.setattr(KernelModel, "run_row", lambda self, *a, **k: [][1])

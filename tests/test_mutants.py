@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import corpus, mutants, patching
+from fuzz.search import mutants
+from fuzz.sim import patching
+from fuzz.store import corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = ROOT / "corpus" / "seeds"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fuzz import patching, v1_accepted_probe
-from fuzz.corpus import load_case
-from fuzz.pipeline import evaluate
-from fuzz.runners import V1Runner, V2Runner
-from fuzz.vllm_compat.features import has_v1_accepted_probe
+from fuzz.checks.pipeline import evaluate
+from fuzz.sim import patching, v1_accepted_probe
+from fuzz.sim.runners import V1Runner, V2Runner
+from fuzz.sim.vllm_compat.features import has_v1_accepted_probe
+from fuzz.store.corpus import load_case
 
 FINDING = Path(__file__).resolve().parent.parent / "corpus" / "upstream" / "v1_unscheduled_step_forgets_accepted_tokens"
 CASE = FINDING / "v1_unscheduled_step_forgets_accepted_tokens.json"
@@ -47,6 +47,6 @@ def test_feature_detection_needs_the_batch_methods():
         def add_request(self, request): ...
 
     assert not has_v1_accepted_probe(OldBatch, object)
-    from fuzz.vllm_compat.api import CachedRequestState, InputBatch
+    from fuzz.sim.vllm_compat.api import CachedRequestState, InputBatch
 
     assert has_v1_accepted_probe(InputBatch, CachedRequestState)

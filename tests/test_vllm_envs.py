@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import corpus, version_matrix, vllm_expectations
-from fuzz.vllm_envs import VllmEnv, discover
+from fuzz.checks import vllm_expectations
+from fuzz.cli import version_matrix
+from fuzz.sim.vllm_envs import VllmEnv, discover
+from fuzz.store import corpus
 
 
 def _venv(path: Path) -> Path:
@@ -79,7 +81,7 @@ def test_the_loader_refuses_a_malformed_entry():
 
 
 def _tiny_scenario():
-    from fuzz.scenario import EngineConfig, RequestSpec, Scenario
+    from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario
 
     return Scenario(engine=EngineConfig(mamba_block_size=64, attn_block_size=16, max_num_batched_tokens=256),
                     requests=[RequestSpec(unique_len=70, max_tokens=2)])

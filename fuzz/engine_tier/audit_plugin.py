@@ -5,11 +5,11 @@ diffed against an uncached twin.  But the scheduler alone knows everything neede
 what each mamba block holds: which chunk ran (SchedulerOutput), into which block-table
 column the kernel writes its end state, which copies the worker applies, and which hash
 each newly cached block is published under.  This plugin replays those facts through
-`fuzz.worker_mirror` (the step code the harness runs, over one kernel model per mamba group:
+`fuzz.sim.worker_mirror` (the step code the harness runs, over one kernel model per mamba group:
 chunk-end writes, pre-copies, spec-token writes, post-copies, CoW copies, zeroing, internal
-checkpoints) and checks every newly hashed mamba block with `fuzz.block_audit` against the
+checkpoints) and checks every newly hashed mamba block with `fuzz.checks.block_audit` against the
 state its hash claims (the state after exactly the tokens of the request that defined it),
-judged by `fuzz.oracle.slot_hash_poisoned`, the predicate of the harness's `slot_hash` finding.
+judged by `fuzz.checks.oracle.slot_hash_poisoned`, the predicate of the harness's `slot_hash` finding.
 Importing this module imports neither vLLM nor those modules: they load on the first step.
 
 Enable: `MAMBAFUZZ_AUDIT=1` (the entry point `vllm.general_plugins: mambafuzz_audit` calls
@@ -85,9 +85,9 @@ class SchedulerAudit:
     every: int
     spec_engine: bool  # the worker post-processes every row after a spec-decode forward
     generation: int  # the install() it belongs to: a re-install starts every scheduler afresh
-    book: Any  # fuzz.hash_book.HashBook: hash -> (request, claimed State), as in the harness
-    mirror: Any  # fuzz.worker_mirror.WorkerMirror over `models`, in their order
-    auditors: dict[int, Any]  # mamba group id -> fuzz.block_audit.BlockAuditor
+    book: Any  # fuzz.sim.hash_book.HashBook: hash -> (request, claimed State), as in the harness
+    mirror: Any  # fuzz.sim.worker_mirror.WorkerMirror over `models`, in their order
+    auditors: dict[int, Any]  # mamba group id -> fuzz.checks.block_audit.BlockAuditor
     truths: dict[str, Any] = field(default_factory=dict)  # live request id -> PrefixStates
     pending: list[_Pending] = field(default_factory=list)
     poisoned: list[Poisoned] = field(default_factory=list)
@@ -120,7 +120,7 @@ def install() -> None:
     if _PATCHED:
         return
     _GENERATION += 1
-    from fuzz.vllm_compat.api import BlockPool, KVCacheManager, Scheduler
+    from fuzz.sim.vllm_compat.api import BlockPool, KVCacheManager, Scheduler
 
     orig_schedule = Scheduler.schedule
     orig_update = Scheduler.update_from_output
@@ -225,9 +225,9 @@ def _audit_for(sched: Any) -> SchedulerAudit | None:
 
 
 def _new_audit(sched: Any) -> SchedulerAudit | None:
-    from fuzz.kernel_model import KernelGeometry, KernelModel
-    from fuzz.scenario import VOCAB_SIZE
-    from fuzz.vllm_compat.api import MambaSpec
+    from fuzz.model.scenario import VOCAB_SIZE
+    from fuzz.sim.kernel_model import KernelGeometry, KernelModel
+    from fuzz.sim.vllm_compat.api import MambaSpec
 
     groups = {i: g.kv_cache_spec for i, g in enumerate(sched.kv_cache_config.kv_cache_groups)
               if isinstance(g.kv_cache_spec, MambaSpec) and getattr(g.kv_cache_spec, "mamba_cache_mode", "") == "align"}
@@ -250,9 +250,9 @@ def _new_audit(sched: Any) -> SchedulerAudit | None:
             num_speculative_tokens=num_spec), runner=runner, mixer="mamba2" if checkpoints else "gdn")
     every = max(int(os.environ.get(ENV_EVERY, "100") or 100), 1)
     _maybe_counter(sched)
-    from fuzz.block_audit import BlockAuditor
-    from fuzz.hash_book import HashBook
-    from fuzz.worker_mirror import WorkerMirror
+    from fuzz.checks.block_audit import BlockAuditor
+    from fuzz.sim.hash_book import HashBook
+    from fuzz.sim.worker_mirror import WorkerMirror
 
     spec_engine = sched.vllm_config.speculative_config is not None
     book = HashBook(sched.hash_block_size, limit=BOOK_LIMIT)
@@ -287,8 +287,8 @@ def _tables(sched: Any, audit: SchedulerAudit, rid: str) -> list[list[int]]:
 
 
 def _truth(audit: SchedulerAudit, req: Any) -> Any:
-    from fuzz.state import PrefixStates
-    from fuzz.worker_mirror import extend_truth
+    from fuzz.sim.state import PrefixStates
+    from fuzz.sim.worker_mirror import extend_truth
 
     truth = audit.truths.get(req.request_id)
     if truth is None:
@@ -338,7 +338,7 @@ def _accepted_counts(audit: SchedulerAudit, model_output: Any) -> dict[str, int]
     """Tokens each spec-decode row kept this step (at least 1, as the worker counts them)."""
     if not audit.spec_rows:
         return {}
-    from fuzz.worker_mirror import accepted_count
+    from fuzz.sim.worker_mirror import accepted_count
 
     index, sampled = model_output.req_id_to_index, model_output.sampled_token_ids or []
     counts = {}
@@ -375,8 +375,8 @@ def _after_update(sched: Any, audit: SchedulerAudit, accepted: dict[str, int]) -
 
 def _judge(sched: Any, audit: SchedulerAudit) -> None:
     """Judge this step's publications on mamba blocks still cached, each key once."""
-    from fuzz.oracle import holds_other_state, slot_hash_poisoned
-    from fuzz.vllm_compat.api import get_block_hash, get_group_id
+    from fuzz.checks.oracle import holds_other_state, slot_hash_poisoned
+    from fuzz.sim.vllm_compat.api import get_block_hash, get_group_id
 
     pending, audit.pending = audit.pending, []
     pool = sched.kv_cache_manager.block_pool

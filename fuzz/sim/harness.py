@@ -1,0 +1,375 @@
+"""Drive one scenario through vLLM's real Scheduler and KV-cache manager, with the kernel
+model standing in for the GPU, and record a Trace.
+
+scenario -> (this module) -> trace -> oracle.  The harness judges nothing itself.  It plays
+the engine core and the model runner: StepPlan says what arrives and is aborted when,
+fuzz.sim.worker_mirror applies each SchedulerOutput to the kernel model as the worker would (the
+runtime audit plugin applies it through the same code), and fuzz.checks.block_audit describes every
+published mamba block; this module turns their results into the trace and answers the
+scheduler with greedy tokens and drafts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+from fuzz.checks.block_audit import BlockAuditor
+from fuzz.exit_codes import ToolError, one_line
+from fuzz.model.scenario import VOCAB_SIZE, Scenario, ScenarioError, ample_pool_blocks
+from fuzz.model.step_plan import BOUND, StepPlan
+from fuzz.sim import vllm_bridge as vb
+from fuzz.sim.connector import ExternalHit
+from fuzz.sim.hash_book import HashBook
+from fuzz.sim.kernel_model import KernelGeometry, KernelModel
+from fuzz.sim.state import PrefixStates, next_token
+from fuzz.sim.trace import Admission, Chunk, Crash, SlotWrite, StepRecord, Trace
+from fuzz.sim.vllm_compat import VllmUnsupported
+from fuzz.sim.worker_mirror import WorkerMirror, accepted_count, extend_truth
+
+
+@dataclass
+class _Live:
+    """The harness's view of one request: its true token history and its truth."""
+
+    index: int
+    truth: PrefixStates
+    first_chunk_pending: bool = False
+    prefill_len: int = 0  # tokens at the last (re)admission: V2's `prefill_len`
+
+
+def vllm_frame(exc: BaseException) -> str:
+    """Where in vLLM `exc` was raised: its innermost vLLM frame ("outside-vllm" when none);
+    the harness and the engine replay locate a crash by it."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/vllm/" in f.filename]
+    if not frames:
+        return "outside-vllm"
+    f = frames[-1]
+    path = f.filename[f.filename.rfind("/vllm/") + 1 :]
+    return f"{path}:{f.lineno} in {f.name}"
+
+
+class HarnessError(ToolError):
+    """mambafuzz's own simulation raised, with no vLLM frame on the stack: a tool failure, never a
+    `vllm_crash` finding.  (It may still point at a vLLM inconsistency, e.g. a block table too
+    short for the tokens scheduled; the input is kept so a person can tell.)"""
+
+
+def _crash_or_tool_error(exc: Exception, step: int) -> Crash:
+    """A vLLM crash located by vLLM's innermost frame; our own exception is a HarnessError."""
+    where = vllm_frame(exc)
+    if where == "outside-vllm":
+        raise HarnessError(f"the harness itself raised {one_line(exc, where=True)} (step {step}); "
+                           "a tool failure, not a vLLM crash") from exc
+    return Crash(type(exc).__name__, (str(exc).splitlines() or [""])[0], where, step)
+
+
+DEFAULT_TIMEOUT = float(os.environ.get("MAMBAFUZZ_SCENARIO_TIMEOUT", "60"))
+
+
+class _WallClockExceeded(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _WallClockExceeded()
+
+
+def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "fixed",
+        prefix_caching: bool = True, timeout: float | None = None) -> Trace:
+    """Run `scenario` once; `split` replaces Scheduler._mamba_block_aligned_split if given.
+
+    Bounded twice: by the scenario's step bound (liveness) and by a wall-clock `timeout`
+    (checked every step, with a SIGALRM backstop for a hang inside one vLLM call)."""
+    engine = scenario.engine
+    if not prefix_caching:
+        engine = engine.without_prefix_caching()
+    num_blocks = engine.num_gpu_blocks or ample_pool_blocks(scenario)
+    trace = Trace(split=split_name, prefix_caching=prefix_caching, step_bound=scenario.liveness_bound(),
+                  mixer=scenario.engine.mixer,
+                  mamba_block_size=engine.mamba_block_size,
+                  internal_checkpoints=engine.enable_prefix_caching and engine.num_prefill_checkpoint_blocks > 0,
+                  prompt_lens={rid: scenario.prompt_len(i) for i, rid in enumerate(scenario.request_ids())},
+                  token_budget=engine.max_num_batched_tokens,
+                  long_prefill_threshold=engine.long_prefill_token_threshold)
+    try:
+        session = vb.SchedulerSession(engine, num_blocks, scenario.max_model_len(), split)
+    except vb.ConfigRejected as exc:
+        raise ScenarioError([str(exc)]) from None
+    except VllmUnsupported:
+        raise
+    except Exception as exc:  # vLLM failed to build a scheduler for a config it accepted
+        trace.crash = _crash_or_tool_error(exc, -1)
+        return trace
+    trace.runner = session.runner
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    runner = _Runner(scenario, session, trace, prefix_caching, time.monotonic() + timeout)
+    use_alarm = timeout > 0 and threading.current_thread() is threading.main_thread()
+    if use_alarm:
+        previous = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout + 5)
+    try:
+        runner.run()
+    except _WallClockExceeded:
+        trace.timed_out = True
+    finally:
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    return trace
+
+
+class _Runner:
+    def __init__(self, scenario: Scenario, session: vb.SchedulerSession, trace: Trace, prefix_caching: bool,
+                 deadline: float = float("inf")):
+        self.deadline = deadline
+        self.s = scenario
+        self.session = session
+        self.trace = trace
+        self.prefix_caching = prefix_caching
+        self.ids = scenario.request_ids()
+        self.live: dict[str, _Live] = {}
+        e = scenario.engine
+        sched = session.scheduler
+        self.spec = e.uses_spec_decode
+        self.model = KernelModel(KernelGeometry(
+            block_size=e.mamba_block_size,
+            hash_block_size=session.hash_block_size,
+            checkpoint_alignment=e.prefill_checkpoint_alignment if (prefix_caching and e.num_prefill_checkpoint_blocks) else None,
+            cache_hit_alignment_tokens=session.cache_hit_alignment_tokens,
+            drop_eagle_block=bool(getattr(sched, "use_eagle_block_drop", False)),
+            null_block_id=session.null_block_id,
+            vocab_size=VOCAB_SIZE,
+            spec_engine=self.spec,
+            num_speculative_tokens=e.num_speculative_tokens,
+            align=prefix_caching,
+        ), runner=session.runner, mixer=scenario.engine.mixer, first_use=(session.allocated_blocks, session.reused_blocks))
+        self.mirror = WorkerMirror((self.model,), self.spec)
+        self.plan = StepPlan.of(scenario)
+        self.book = HashBook(session.hash_block_size)
+        self.auditor = BlockAuditor(self.book, self.model, e.mamba_block_size)
+        # live requests not admitted yet, or preempted since: the only ones an admission can be
+        self.unadmitted: set[str] = set()
+        self.known_entries: set[tuple[bytes, int]] = set()
+        self.accepted_reset: set[str] = set()  # V1 forgot their accepted count; not scheduled since
+        if session.connector is not None and prefix_caching:
+            session.connector.plan = {
+                rid: ExternalHit(r.external_tokens, r.external_async)
+                for rid, r in zip(self.ids, scenario.requests) if r.external_tokens
+            }
+
+    # ---- main loop -------------------------------------------------------------------
+    def run(self) -> None:
+        step = 0
+        try:
+            while True:
+                end = self.plan.end(step, self.session.has_unfinished())
+                if end is not None:
+                    self.trace.hit_bound = end == BOUND
+                    break
+                if time.monotonic() > self.deadline:
+                    self.trace.timed_out = True
+                    break
+                self._step(step)
+                step += 1
+        except _WallClockExceeded:
+            self.trace.timed_out = True
+        except VllmUnsupported:
+            raise
+        except Exception as exc:
+            self.trace.crash = _crash_or_tool_error(exc, step)
+        for rid in self.ids:
+            req = self.session.request(rid)
+            if rid in self.live:
+                self.trace.outputs[rid] = self.live[rid].truth.tokens[self.s.prompt_len(self.live[rid].index):]
+            if req is not None and not req.is_finished():
+                self.trace.unfinished.append(rid)
+
+    def _step(self, step: int) -> None:
+        rec = StepRecord(step)
+        self.trace.steps.append(rec)
+        session = self.session
+        for i, rid in self.plan.arrivals(step):
+            r = self.s.requests[i]
+            prompt = self.s.prompt_tokens(i)  # the truth keeps this list; vLLM gets a copy
+            self.live[rid] = _Live(i, PrefixStates.for_prompt(prompt, self.s.prompt_key(i)))
+            self.unadmitted.add(rid)
+            session.add_request(rid, prompt, r.max_tokens, float(step))
+            rec.arrivals.append(rid)
+        aborts = self.plan.aborts(step, lambda rid: rid in self.live and self._unfinished(rid))
+        if aborts:
+            session.abort(aborts)
+            rec.aborts = aborts
+            for rid in aborts:
+                self.trace.finish_status[rid] = "FINISHED_ABORTED"
+
+        waiting_before = {rid for rid in self.unadmitted if self._unfinished(rid)}
+        out = session.schedule()
+        connector_orders = self._drain_connector()
+
+        mirror = self.mirror
+        for dst, state in mirror.before_forward(out):
+            rec.writes.append(SlotWrite("-", -1, dst, state, "cow"))
+        preempted = session.preempted(out)
+        if preempted:
+            rec.preempted = sorted(preempted)
+            self.unadmitted.update(preempted)
+
+        scheduled = out.num_scheduled_tokens
+        spec_tokens = session.spec_tokens(out)
+        for rid in sorted(waiting_before):
+            req = session.request(rid)
+            if req is None or (not req.num_computed_tokens and rid not in scheduled):
+                continue
+            n = scheduled.get(rid, 0)
+            start = req.num_computed_tokens - n
+            order = connector_orders.get(rid)
+            ext = order.num_external_tokens if order else 0
+            rec.admissions.append(Admission(rid, start - ext, ext, bool(order and order.load_async)))
+            self.trace.prefix_hit_tokens += start - ext
+            self.unadmitted.discard(rid)
+            self.live[rid].first_chunk_pending = True
+            self.live[rid].prefill_len = req.num_tokens
+            if order is not None and not order.load_async:
+                self._connector_load(rec, rid, start)
+
+        sampled: dict[str, list[int]] = {}
+        if scheduled:
+            self.trace.forward_steps += 1
+        if self.spec:  # accepted-token counts exist only in a spec-decode engine
+            self.accepted_reset.update(mirror.begin_step(scheduled))
+            for rid in self.accepted_reset.intersection(scheduled):
+                self.trace.after_accepted_reset.add((step, rid))
+                self.accepted_reset.discard(rid)
+        for rid in scheduled:  # dict order is the batch order vLLM built
+            sampled[rid] = self._run_row(rec, rid, scheduled[rid], spec_tokens.get(rid, []))
+
+        recv_done = {rid for rid, o in connector_orders.items() if o.load_async}
+        if recv_done:
+            for rid in sorted(recv_done):
+                req = session.request(rid)
+                if req is not None and vb.is_waiting_for_remote_kv(req):
+                    self._connector_load(rec, rid, req.num_computed_tokens)
+            rec.recv_done = sorted(recv_done)
+
+        session.feed(out, sampled, recv_done)
+        self._after_update(rec, scheduled)
+        if self.prefix_caching:
+            self._audit_cache(rec)
+
+    # ---- pieces ----------------------------------------------------------------------
+    def _unfinished(self, rid: str) -> bool:
+        req = self.session.request(rid)
+        return req is not None and not req.is_finished()
+
+    def _drain_connector(self) -> dict:
+        conn = self.session.connector
+        if conn is None or not self.prefix_caching:
+            return {}
+        orders = {o.request_id: o for o in conn.orders}
+        conn.orders.clear()
+        return orders
+
+    def _connector_load(self, rec: StepRecord, rid: str, num_tokens: int) -> None:
+        state = self.live[rid].truth.at(num_tokens)
+        block = self.mirror.load((self.session.mamba_block_ids(rid),), num_tokens, state)
+        rec.writes.append(SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
+
+    def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int]) -> list[int]:
+        req = self.session.request(rid)
+        live = self.live[rid]
+        start = req.num_computed_tokens - n  # schedule() already advanced it
+        tables = (self.session.mamba_block_ids(rid),)
+        spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, live.truth, req.num_prompt_tokens,
+                                            live.prefill_len or req.num_prompt_tokens)
+        if spec_row:
+            self.trace.spec_rows.add((rec.step, rid))
+        first = live.first_chunk_pending
+        live.first_chunk_pending = False
+        rec.chunks.append(Chunk(rid, start, n, len(drafts), row.read_column, row.read_block, row.read_state,
+                                live.truth.at(start), first, first and start > 0))
+        for col, block, state, cause in row.writes:
+            rec.writes.append(SlotWrite(rid, col, block, state, cause))
+        prefill_done = start + n - len(drafts) >= req.num_tokens
+        if not prefill_done:
+            sampled: list[int] = []
+        elif not drafts:
+            sampled = [row.outputs[-1]]
+        else:
+            sampled = self._accept(row.outputs[-len(drafts) - 1 :], drafts)
+        if self.spec:
+            for col, block, state, cause in self.mirror.postprocess(rid, tables, start, n, len(drafts),
+                                                                    accepted_count(sampled)):
+                rec.writes.append(SlotWrite(rid, col, block, state, cause))
+        return sampled
+
+    @staticmethod
+    def _accept(outputs: list[int], drafts: list[int]) -> list[int]:
+        """Greedy verification: keep drafts while they match the model, then its own token."""
+        sampled = []
+        for i, d in enumerate(drafts):
+            sampled.append(outputs[i])
+            if outputs[i] != d:
+                return sampled
+        sampled.append(outputs[len(drafts)])
+        return sampled
+
+    def _after_update(self, rec: StepRecord, scheduled: dict[str, int]) -> None:
+        drafts: dict[str, list[int]] = {}
+        step = rec.step
+        done = self.trace.finish_status
+        for rid, live in self.live.items():
+            if rid in done:  # finished or aborted at an earlier step: nothing new to read
+                continue
+            req = self.session.request(rid)
+            if req is None:
+                continue
+            extend_truth(live.truth, req)
+            if req.is_finished():
+                if rid not in self.trace.finish_status:
+                    self.trace.finish_status[rid] = req.status.name
+                    rec.finished.append(rid)
+                continue
+            if self.spec and rid in scheduled and req.num_computed_tokens >= req.num_tokens - 1 and req.num_output_tokens > 0:
+                drafts[rid] = self._propose(live, step)
+        self.session.set_drafts(drafts)
+
+    def _propose(self, live: _Live, step: int) -> list[int]:
+        """A drafter that knows the true model: its first `acceptance` guesses are right."""
+        k = self.s.engine.num_speculative_tokens
+        acc = self.s.acceptance[step % len(self.s.acceptance)] if self.s.acceptance else k
+        state = live.truth.at(len(live.truth))
+        out = []
+        for i in range(k):
+            tok = next_token(state, VOCAB_SIZE)
+            if i >= acc:
+                tok = tok % (VOCAB_SIZE - 1) + 1  # a guess the model will reject
+            out.append(tok)
+            state = state.extend([tok])
+        return out
+
+    def _audit_cache(self, rec: StepRecord) -> None:
+        """Record the mamba cache entries whose verdict may have changed this step: new keys, and
+        keys on blocks the kernel model wrote. A key's claim never changes and a block's held state
+        changes only by a write, so an entry judged before keeps its verdict until one of these."""
+        for rid, live in self.live.items():
+            self.book.learn(rid, self.session.block_hashes(rid), live.truth)
+        written = self.model.take_dirty()
+        known = self.known_entries
+        describe = self.auditor.entry
+        seen: set[tuple[bytes, int]] = set()
+        for key, block in self.session.cached_mamba_blocks():
+            ident = (key, block.block_id)
+            seen.add(ident)
+            new = ident not in known
+            if not new and block.block_id not in written:
+                continue
+            entry = vb.SchedulerSession.mamba_entry(key, block)
+            if new:
+                self.trace.hashed_snapshots += 1
+            rec.cache.append(describe(entry.block_hash, entry.block_id, entry.primary, entry.claimed_tokens, new))
+        self.known_entries = seen

@@ -1,0 +1,225 @@
+"""Hand a finding to vLLM's maintainers: a standalone pytest in the style of vLLM's
+tests/v1/core (vLLM's own APIs only, no mambafuzz import) and the issue text.
+
+The test's assertion is what the scheduler can see of the finding's kind:
+- `slot_hash`: every mamba block a step newly publishes claims a position where that
+  request's state was actually left (a chunk end, a load, an internal checkpoint);
+- `vllm_crash`: `schedule()` does not raise (`nocache-` crashes run with prefix caching off);
+- the padded fresh prompt (`uninit_read:from-empty` on V1, `nocache_stale_read:…/prefill-kept-drafts`
+  on V2 and Mamba2, formerly `stale_read:from-empty`): no request without computed tokens is
+  scheduled with placeholder drafts.  What each model runner then does with that row differs
+  (corpus/upstream/RUNNERS.md); the scheduler-side fact behind both is the padded row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+from fuzz.model.scenario import ample_pool_blocks
+from fuzz.store.corpus import Case
+from fuzz.store.export_template import TEMPLATE
+from fuzz.store.export_v1_template import V1_ACCEPTED_TEMPLATE
+
+TINY_CONFIG = Path(__file__).parent.parent / "tiny_model" / "config.json"
+V1_ACCEPTED_KEPT = "v1_accepted_kept"  # a check of V1's persistent batch, not of the scheduler
+
+
+class ExportError(ValueError):
+    """A case this exporter cannot express as a standalone vLLM test."""
+
+
+def check_for(signature: str) -> str:
+    kind = signature.split(":")[0]
+    if kind == "slot_hash":
+        return "published_state_written"
+    if kind == "vllm_crash":
+        return "no_crash"
+    if signature.endswith("/accepted-reset"):
+        return V1_ACCEPTED_KEPT
+    if signature in ("stale_read:from-empty", "uninit_read:from-empty") or signature.endswith("/prefill-kept-drafts"):
+        return "fresh_prompt_not_spec_row"
+    raise ExportError(f"no scheduler-side assertion for {signature} yet")
+
+
+def case_signature(case: Case) -> str:
+    meta = case.extra.get("finding")
+    if isinstance(meta, dict) and isinstance(meta.get("signature"), str):
+        return meta["signature"]
+    from fuzz.checks.pipeline import signature_of
+
+    sig = signature_of(case.scenario, "fixed")
+    if sig is None:
+        raise ExportError(f"{case.path}: clean on the installed vLLM, nothing to export")
+    return sig
+
+
+def test_source(case: Case, title: str = "", why: str = "") -> str:
+    """The exported test for `case` as Python source."""
+    s = case.scenario
+    sig = case_signature(case)
+    if check_for(sig) == V1_ACCEPTED_KEPT:
+        return _v1_accepted_source(case, sig, title, why)
+    if s.acceptance and any(s.acceptance):
+        why += "\nThe scenario's draft acceptance is not replayed (no drafts are proposed)."
+    engine = dataclasses.asdict(s.engine)
+    engine.pop("runner", None)  # the model runner the kernel model mirrors: not a scheduler setting
+    if ":nocache-" in sig:
+        engine.update(enable_prefix_caching=False, prefix_match_unit=None, num_prefill_checkpoint_blocks=0,
+                      prefill_checkpoint_alignment=None, enable_mamba_shared_prefix_checkpoint=False)
+    requests = [{"id": rid, "arrival": r.arrival_step, "prompt": s.prompt_tokens(i), "max_tokens": r.max_tokens,
+                 "external": r.external_tokens, "external_async": r.external_async, "abort": r.abort_step} for i, (rid, r) in enumerate(zip(s.request_ids(), s.requests))]
+    name = re.sub(r"\W+", "_", case.path.stem).strip("_").lower()
+    return TEMPLATE.format(
+        title=title or f"Regression test for {case.path.stem}", case_name=case.path.name, signature=sig,
+        why=why.strip() + "\n" if why.strip() else "", engine=json.dumps(engine), requests=json.dumps(requests),
+        num_blocks=s.engine.num_gpu_blocks or ample_pool_blocks(s), max_model_len=s.max_model_len(),
+        max_steps=s.liveness_bound(), check=check_for(sig), model_config=json.dumps(json.loads(TINY_CONFIG.read_text())),
+        test_name=name,
+    )
+
+
+def _v1_accepted_source(case: Case, sig: str, title: str, why: str) -> str:
+    """A V1 accepted-count finding as a test of V1's persistent batch: the request the finding
+    names sits out one step beside the case's other requests."""
+    s = case.scenario
+    ids = s.request_ids()
+    meta = case.extra.get("finding") if isinstance(case.extra.get("finding"), dict) else {}
+    named = re.search(r"\b(" + "|".join(map(re.escape, ids)) + r") ran\b", str(meta.get("message", "")))
+    if named is None:
+        raise ExportError(f"{case.path}: the finding's message names no request of the case")
+    return V1_ACCEPTED_TEMPLATE.format(
+        title=title or f"Regression test for {case.path.stem}", case_name=case.path.name, signature=sig,
+        why=why.strip() + "\n" if why.strip() else "", block_size=s.engine.mamba_block_size,
+        num_spec=s.engine.num_speculative_tokens, max_model_len=s.max_model_len(),
+        prompt_lens={rid: s.prompt_len(i) for i, rid in enumerate(ids)}, skipping=named.group(1),
+        test_name=re.sub(r"\W+", "_", case.path.stem).strip("_").lower(),
+    )
+
+
+def finding_runner(case: Case) -> str | None:
+    """The model runner the finding was filed on (None: the scenario's own)."""
+    meta = case.extra.get("finding")
+    runner = meta.get("runner") if isinstance(meta, dict) else None
+    return runner if isinstance(runner, str) else None
+
+
+def fix_dir(case: Case) -> Path | None:
+    """The candidate fix beside a case (corpus/upstream/<finding>/fix.py), if any."""
+    d = case.path.parent
+    return d if (d / "fix.py").is_file() else None
+
+
+FIX_SECTION = "## Candidate fix (`fix.py`)"
+COST_SECTION = "### Cost"
+
+
+def _analysis(directory: Path | None) -> tuple[str, str]:
+    """(title, body) of the finding's README.md, without its heading and its fix section."""
+    readme = directory / "README.md" if directory else None
+    if readme is None or not readme.is_file():
+        return "", ""
+    text = readme.read_text().split(FIX_SECTION)[0]
+    lines = text.splitlines()
+    title = lines[0].lstrip("# ").removeprefix("Upstream behaviour: ") if lines else ""
+    return title[:1].upper() + title[1:], "\n".join(lines[1:]).strip()
+
+
+def _recorded_cost(directory: Path) -> str | None:
+    """The cost section the finding's README already records (bench/fix_cost.py), if any."""
+    text = (directory / "README.md").read_text() if (directory / "README.md").is_file() else ""
+    return text.split(COST_SECTION, 1)[1].split("\n", 1)[1].strip() if COST_SECTION in text else None
+
+
+def report_text(case: Case, cost_rows: int = 30) -> str:
+    """The issue text for `case`: what happens, a minimal repro, the evidence, the candidate
+    fix and its cost table."""
+    from fuzz.checks.pipeline import evaluate
+    from fuzz.sim import patching
+    from fuzz.store.fix_cost import cost_table
+
+    directory = fix_dir(case)
+    title, body = _analysis(directory)
+    sig = case_signature(case)
+    runner = finding_runner(case)
+    before = evaluate(case.scenario, "fixed", efficiency=False, runner=runner).verdict
+    body = re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", body, flags=re.M)  # under this report's headings
+    parts = [f"# {title or case.path.stem}", "", "## What happens", "", body or "(no analysis on file)", "",
+             "## Minimal reproduction", "",
+             f"A standalone test against vLLM's own APIs (`mambafuzz export-test {case.path}`); it fails on the "
+             "installed vLLM:", "", "```python", test_source(case, title).rstrip(), "```", "",
+             "The scenario, for the mambafuzz harness (`mambafuzz repro FILE --trace` prints every chunk, slot "
+             "write and newly hashed block):", "", "```json", case.scenario.dumps().rstrip(), "```", "",
+             "## Evidence", "", f"- signature `{sig}`" + (f" (Model Runner {runner.upper()})" if runner else "")]
+    parts += [f"- `{f.kind}`: {f.message}" for f in before.findings]
+    if directory is not None:
+        patches = patching.load_patches(str(directory / "fix.py"))
+        after = evaluate(case.scenario, "fixed", efficiency=False, patches=patches, runner=runner).verdict
+        parts += [f"- with the candidate fix: {'clean' if after.clean else after.primary.message}", "",
+                  "## Candidate fix", "", "Applied to the installed vLLM by mambafuzz (`--patch`); as a change to "
+                  "vLLM it is the edit or wrap below.", "", "```python", (directory / "fix.py").read_text().rstrip(),
+                  "```", "", "## Cost of the fix", "",
+                  _recorded_cost(directory) or
+                  "vLLM with and without the fix (forward steps, hashed snapshots, prefix-hit tokens summed; "
+                  "`worse` counts scenarios made worse; crashed runs excluded):\n\n" + cost_table(patches, cost_rows)]
+    return "\n".join(parts) + "\n"
+
+
+def add_export_commands(sub) -> None:
+    t = sub.add_parser("export-test", help="write a standalone vLLM-style pytest for a finding",
+                       description="Write a pytest that uses only vLLM's APIs (no mambafuzz import), fails on the "
+                                   "installed vLLM and passes with the finding's candidate fix applied (check "
+                                   "with: MAMBAFUZZ_PATCHES=fix.py python -m pytest -p fuzz.store.fix_plugin FILE).")
+    t.add_argument("case", metavar="CASE")
+    t.add_argument("-o", "--output", metavar="FILE.py", required=True)
+    t.set_defaults(handler=_cmd_export_test)
+    r = sub.add_parser("export-report", help="write the issue text for a finding",
+                       description="What happens, a minimal repro, the evidence, the candidate fix and its cost.")
+    r.add_argument("case", metavar="CASE")
+    r.add_argument("-o", "--output", metavar="FILE.md", help="default: stdout")
+    r.add_argument("--cost-scenarios", type=int, default=30, metavar="N",
+                   help="generated scenarios per row of the cost table (default 30)")
+    r.set_defaults(handler=_cmd_export_report)
+
+
+def _load(path: str) -> Case:
+    from fuzz.cli.main import UsageError
+    from fuzz.store import corpus
+
+    try:
+        return corpus.load_case(path)
+    except corpus.CaseError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _cmd_export_test(args) -> int:
+    from fuzz.cli.main import UsageError
+    from fuzz.store.corpus import atomic_write
+
+    case = _load(args.case)
+    title, _ = _analysis(fix_dir(case))
+    try:
+        atomic_write(args.output, test_source(case, title))
+    except ExportError as exc:
+        raise UsageError(f"{args.case}: {exc}") from None
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_export_report(args) -> int:
+    from fuzz.cli.main import UsageError
+    from fuzz.store.corpus import atomic_write
+
+    case = _load(args.case)
+    try:
+        text = report_text(case, args.cost_scenarios)
+    except ExportError as exc:
+        raise UsageError(f"{args.case}: {exc}") from None
+    if args.output:
+        atomic_write(args.output, text)
+        print(f"wrote {args.output}")
+    else:
+        print(text, end="")
+    return 0
