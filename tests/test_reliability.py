@@ -43,7 +43,7 @@ def test_same_trace_in_separate_processes_under_different_hash_seeds(tmp_path):
     path.write_text(s.dumps())
     digests = {_digest_in_subprocess(path, seed) for seed in ("0", "1", "12345")}
     assert len(digests) == 1
-    assert digests == {trace_digest(harness.run(s, __import__("fuzz.sim.splits").splits.prefix_split, "prefix"))}
+    assert digests == {trace_digest(harness.run(s, __import__("fuzz.sim.splits").sim.splits.prefix_split, "prefix"))}
 
 
 def test_repeated_runs_in_one_process_are_identical_after_other_work():
