@@ -32,3 +32,17 @@ def test_kill_needs_the_mutant_and_a_clean_baseline():
 def test_enough_mutants_outside_the_split():
     outside = [n for n in mutants.MUTANTS if not n.startswith(("split_", "manager_"))]
     assert len(outside) >= 8
+
+
+def test_a_row_scheduled_past_its_tokens_is_a_finding_not_a_tool_failure():
+    """Without the rollback of rejected drafts vLLM schedules a row past its request's tokens; no
+    worker can run that, so it is filed (located at the scheduler's output) instead of stopping
+    the campaign as a harness failure."""
+    from fuzz.checks.pipeline import evaluate
+    from fuzz.search import mutants
+    from fuzz.store import corpus
+
+    case = corpus.load_case(Path(__file__).parent / "data" / "spec_no_rollback_schedules_past_tokens.json")
+    with_bug = evaluate(case.scenario, "fixed", efficiency=False, patches=mutants.patches("spec_no_rollback")).verdict
+    assert with_bug.primary.signature == "vllm_crash:SchedulerContract@scheduler-output", with_bug.primary.message
+    assert evaluate(case.scenario, "fixed", efficiency=False).verdict.clean

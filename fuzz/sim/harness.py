@@ -53,6 +53,15 @@ def vllm_frame(exc: BaseException) -> str:
     return f"{path}:{f.lineno} in {f.name}"
 
 
+class SchedulerContractError(Exception):
+    """vLLM's SchedulerOutput asks the worker for something no worker can run (a row that starts
+    past the tokens its request has). A finding located at the scheduler's output, not a tool
+    failure: a GPU worker would run it on garbage."""
+
+
+SCHEDULER_OUTPUT = "scheduler-output"  # the location of a SchedulerContractError
+
+
 class HarnessError(ToolError):
     """mambafuzz's own simulation raised, with no vLLM frame on the stack: a tool failure, never a
     `vllm_crash` finding.  (It may still point at a vLLM inconsistency, e.g. a block table too
@@ -180,6 +189,8 @@ class _Runner:
             self.trace.timed_out = True
         except VllmUnsupported:
             raise
+        except SchedulerContractError as exc:
+            self.trace.crash = Crash("SchedulerContract", str(exc), SCHEDULER_OUTPUT, step)
         except Exception as exc:
             self.trace.crash = _crash_or_tool_error(exc, step)
         for rid in self.ids:
@@ -283,6 +294,9 @@ class _Runner:
         req = self.session.request(rid)
         live = self.live[rid]
         start = req.num_computed_tokens - n  # schedule() already advanced it
+        if not 0 <= start <= start + n - len(drafts) <= len(live.truth):
+            raise SchedulerContractError(f"{rid} is scheduled for tokens {start}..{start + n - len(drafts)} "
+                                         f"(+{len(drafts)} drafts) but has {len(live.truth)} tokens")
         tables = (self.session.mamba_block_ids(rid),)
         spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, live.truth, req.num_prompt_tokens,
                                             live.prefill_len or req.num_prompt_tokens)
