@@ -37,10 +37,11 @@ def add_commands(sub) -> None:
                     "really run (a worker could not start or died, or no input was executed).")
     f.add_argument("--target", choices=TARGETS, default="scheduler", help=TARGET_HELP)
     f.add_argument("--split", default="fixed", help=SPLIT_HELP)
-    f.add_argument("--generator", "--engine", dest="generator", choices=GENERATORS, default="atheris",
-                   help="what generates inputs: atheris (libFuzzer mutation with coverage feedback), hypothesis "
-                        "(Hypothesis' decoder under the same feedback) or random (seeded, no feedback); "
-                        "default atheris. --engine is the old name")
+    f.add_argument("--generator", "--engine", dest="generator", choices=GENERATORS, default="random",
+                   help="what generates inputs: random (seeded, no feedback), atheris (libFuzzer mutation with "
+                        "coverage feedback) or hypothesis (Hypothesis' decoder under the same feedback); default "
+                        "random, the best attributed time to bug in bench/mutation_score.py (README, 'Mutation "
+                        "testing'). --engine is the old name")
     f.add_argument("--runner", choices=("v1", "v2"), default=None, help=RUNNER_HELP)
     f.add_argument("--max-time", type=float, default=60.0, metavar="SECONDS", help="stop after this long (default 60)")
     f.add_argument("--runs", type=int, default=0, metavar="N", help="stop after N executions (0: no limit)")

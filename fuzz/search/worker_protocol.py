@@ -37,7 +37,7 @@ class WorkerConfig:
     target: str = "scheduler"  # one of TARGETS
     split: str = "fixed"
     findings: str = "findings"
-    generator: str = "atheris"  # atheris | hypothesis | random
+    generator: str = "random"  # random | atheris | hypothesis
     stop_on_first: bool = False
     minimize_budget: float = 30.0
     known_dirs: list[str] = field(default_factory=list)
