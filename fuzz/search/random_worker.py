@@ -32,7 +32,7 @@ def main() -> int:
         return EXIT_TOOL
     emit("started", generator="random", python=sys.executable)
     gc.freeze()  # vLLM and torch's heap never needs rescanning by full collections
-    deadline = time.monotonic() + config.max_time if config.max_time > 0 else None
+    deadline = time.monotonic() + config.fuzz_seconds(config.max_time) if config.max_time > 0 else None
     stats: dict = {}
     stopped = None
     try:

@@ -96,11 +96,11 @@ class Launch:
     config: WorkerConfig
 
 
-def worker_config(cfg: CampaignConfig, job: int) -> WorkerConfig:
+def worker_config(cfg: CampaignConfig, job: int, deadline: float = 0.0) -> WorkerConfig:
     base = WorkerConfig(target=cfg.target, split=cfg.split, findings=str(cfg.findings), generator=cfg.generator,
                         stop_on_first=cfg.stop_on_first, minimize_budget=cfg.minimize_budget,
                         known_dirs=[str(d) for d in cfg.known_dirs], patches=list(cfg.patches),
-                        known_fix_dirs=list(cfg.known_fix_dirs), runner=cfg.runner)
+                        known_fix_dirs=list(cfg.known_fix_dirs), runner=cfg.runner, deadline=deadline)
     if cfg.generator != "random":
         return base
     base.seed = cfg.seed + job
@@ -126,8 +126,9 @@ def _sh_quote(text: str) -> str:
 
 
 def launches(cfg: CampaignConfig, workdir: Path) -> list[Launch]:
+    deadline = time.time() + cfg.max_time if cfg.max_time else 0.0  # the whole campaign's end
     if cfg.generator == "random":
-        return [Launch([sys.executable, "-m", "fuzz.search.random_worker"], worker_config(cfg, job))
+        return [Launch([sys.executable, "-m", "fuzz.search.random_worker"], worker_config(cfg, job, deadline))
                 for job in range(cfg.jobs)]
     target = launcher(workdir)
     out = []
@@ -140,7 +141,7 @@ def launches(cfg: CampaignConfig, workdir: Path) -> list[Launch]:
             argv.append(f"-max_total_time={int(max(1, cfg.max_time))}")
         if cfg.runs:
             argv.append(f"-runs={max(1, cfg.runs // cfg.jobs)}")
-        out.append(Launch(argv + cfg.libfuzzer_args, worker_config(cfg, job)))
+        out.append(Launch(argv + cfg.libfuzzer_args, worker_config(cfg, job, deadline)))
     return out
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ EVENTS = ("started", "progress", "finding", "error", "done")
 # What judges an input (`mambafuzz fuzz --target`): the oracles on the scheduler's run
 # (fuzz.checks.pipeline), or the kernel model against vLLM's own worker code (fuzz.checks.conform_target).
 TARGETS = ("scheduler", "conform")
+
+
+MIN_FUZZ_SECONDS = 1.0
 
 
 @dataclass
@@ -51,6 +55,16 @@ class WorkerConfig:
     runs: int = 0
     rss_limit_mb: int = 0
     replay_dirs: list[str] = field(default_factory=list)
+    # wall-clock (time.time()) end of the whole campaign, 0: none. --max-time counts from the
+    # campaign's start, so a worker's own start-up (importing vLLM, instrumenting) comes out of it.
+    deadline: float = 0.0
+
+    def fuzz_seconds(self, budget: float, now: float | None = None) -> float:
+        """How long this worker may fuzz: what is left of the campaign's deadline (at least one
+        second, so a slow start still runs inputs), else `budget` as given."""
+        if not self.deadline:
+            return budget
+        return max(MIN_FUZZ_SECONDS, self.deadline - (time.time() if now is None else now))
 
     @property
     def decoder(self) -> str:

@@ -44,5 +44,8 @@ def TestOneInput(data: bytes) -> None:
 if __name__ == "__main__":
     emit("started", generator=CONFIG.generator, target=CONFIG.target, python=sys.executable,
          instrumented_functions=INSTRUMENTED)
-    atheris.Setup(sys.argv, TestOneInput)
+    # --max-time counts from the campaign's start: what start-up took comes out of libFuzzer's budget
+    argv = [f"-max_total_time={int(CONFIG.fuzz_seconds(float(a.split('=', 1)[1])))}"
+            if a.startswith("-max_total_time=") else a for a in sys.argv]
+    atheris.Setup(argv, TestOneInput)
     atheris.Fuzz()
