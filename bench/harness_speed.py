@@ -1,7 +1,7 @@
 """Benchmark: how fast is the fuzz harness, against bare vLLM scheduling and a 10k-block pool?
 
 Run:  python bench/harness_speed.py [--reps N] [--number M] [--window W] [--gc on|off|freeze]
-                                    [--clock wall|cpu] [--json]
+                                    [--clock wall|cpu] [--runner v1|v2] [--json]
 
 On a fixed set of representative scenarios it measures these modes (the warm-up that builds
 the VllmConfigs is excluded; time.perf_counter, or time.process_time with --clock cpu):
@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from fuzz.checks import pipeline
-from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ample_pool_blocks, validate
+from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ample_pool_blocks, validate, with_runner
 from fuzz.model.step_plan import StepPlan, propose_drafts
 from fuzz.sim import harness
 from fuzz.sim import vllm_bridge as vb
@@ -289,12 +289,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="rounds of the whole suite per steady-state mode (default 40: about 240 runs, a dozen "
                          "full-collection periods of the 10k modes)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    ap.add_argument("--runner", choices=("v1", "v2"), default=None,
+                    help="the model runner the harness models (default: what vLLM picks on a CUDA host per config)")
     args = ap.parse_args(argv)
     for flag in ("reps", "number", "window"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag} must be at least 1")
 
-    scen = scenarios()
+    scen = {name: with_runner(s, args.runner) for name, s in scenarios().items()}
     for name, s in scen.items():
         problems = validate(s)
         if problems:
