@@ -132,10 +132,10 @@ def test_two_known_bugs_of_different_kinds_in_one_scenario_are_both_named():
                                                  "spec_pad_one_token_prompt_unzeroed_block"], att.reason
 
 
-@pytest.mark.xfail(strict=True, reason="the candidate fix of connector_admission_estimate_short_per_mamba_group "
-                   "over-counts: it adds the external allocation to an estimate that already covers it, so this "
-                   "request never fits the pool (a stall the unmodified vLLM does not have); rework the fix")
 def test_the_connector_admission_fix_admits_what_unmodified_vllm_admits():
+    """Its first version added the external allocation to an estimate that already covered it,
+    so this async-connector request never fitted the 25-block pool (found by a --with-known-fixes
+    campaign): a stall that unmodified vLLM does not have."""
     scenario = corpus.load_case(ROOT / "tests" / "data" / "connector_fix_overcounts_async_load.json").scenario
     assert evaluate(scenario, "fixed", efficiency=False).verdict.clean
     fix = [b for b in attribution.known_bugs_for(KNOWN, "fixed")

@@ -4,8 +4,8 @@
 Why: `get_num_blocks_to_allocate` caps its count at `physical_block_cap`, but the external
 allocation runs before `allocate_new_blocks` and outside that cap, one block per mamba group;
 near a full pool `get_new_blocks` then raises inside `schedule()` instead of the request
-waiting. The wrap adds exactly what the external allocation will take (the same arithmetic
-as `allocate_external_computed_blocks`), so it can only make admission more cautious.
+waiting. The wrap counts what the external allocation and then `allocate_new_blocks` will
+really take (the same arithmetic as both), and never returns less than vLLM's estimate.
 """
 
 from __future__ import annotations
@@ -30,8 +30,17 @@ def _count_external_state_blocks(estimate):
             external = min(total_computed_tokens - skipped, external)
         if external <= 0:
             return n
+        # What the two allocations will really take, in their order: the external one fills the
+        # table up to the computed tokens; allocate_new_blocks then adds only what is still
+        # missing (the two overlap, so they are not added up), plus a CoW block on a partial hit.
         have = len(self.req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
-        return n + max(0, cdiv(total_computed_tokens, self.block_size) - have)
+        taken_external = max(0, cdiv(total_computed_tokens, self.block_size) - have)
+        required = cdiv(num_tokens_main_model, self.block_size) + self.num_speculative_blocks
+        partial_hit = (self._has_partial_local_hit(new_computed_blocks, num_local_computed_tokens)
+                       or request_id in self._partial_hit_reqs)
+        taken_new = max(required - have - taken_external, 0) + int(partial_hit)
+        evictable = self._get_num_evictable_blocks(new_computed_blocks)
+        return max(n, taken_external + taken_new + evictable)
     return get_num_blocks_to_allocate
 
 
