@@ -40,24 +40,27 @@ def evaluate(scenario: Scenario, split: str = "fixed", differential: bool = True
     return Evaluation(verdict, trace, uncached, reference)
 
 
-def signature_of(scenario: Scenario, split: str = "fixed", patches: Sequence[patching.Patch] = ()) -> str | None:
-    """The primary finding's signature when `scenario` fails under `split` (and `patches`), else
-    None; a scenario that cannot run is None too.  The one definition of "fails the same way"
-    (with `same_signature`) that filing, minimizing, attribution and export share."""
+def _primary(scenario: Scenario, split: str, patches: Sequence[patching.Patch]):
+    """The primary finding when `scenario` fails under `split` (and `patches`), else None; a
+    scenario that cannot run is None too."""
     try:
         v = evaluate(scenario, split, efficiency=False, patches=patches).verdict
     except ScenarioError:
         return None
-    return None if v.clean else v.primary.signature
+    return None if v.clean else v.primary
+
+
+def signature_of(scenario: Scenario, split: str = "fixed", patches: Sequence[patching.Patch] = ()) -> str | None:
+    """The primary finding's signature, or None.  The one definition of "fails the same way"
+    (with `same_signature`) that filing, minimizing, attribution and export share."""
+    primary = _primary(scenario, split, patches)
+    return None if primary is None else primary.signature
 
 
 def fine_signature_of(scenario: Scenario, split: str = "fixed", patches: Sequence[patching.Patch] = ()) -> str | None:
     """The primary finding's fine signature (the coarse one plus its mechanism), or None."""
-    try:
-        v = evaluate(scenario, split, efficiency=False, patches=patches).verdict
-    except ScenarioError:
-        return None
-    return None if v.clean else v.primary.fine_signature
+    primary = _primary(scenario, split, patches)
+    return None if primary is None else primary.fine_signature
 
 
 def same_signature(scenario: Scenario, split: str, signature: str, patches: Sequence[patching.Patch] = ()) -> bool:
