@@ -98,11 +98,12 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
     if not prefix_caching:
         engine = engine.without_prefix_caching()
     num_blocks = engine.num_gpu_blocks or ample_pool_blocks(scenario)
-    trace = Trace(split=split_name, prefix_caching=prefix_caching, step_bound=scenario.liveness_bound(),
+    plan = StepPlan.of(scenario)
+    trace = Trace(split=split_name, prefix_caching=prefix_caching, step_bound=plan.bound,
                   mixer=scenario.engine.mixer,
                   mamba_block_size=engine.mamba_block_size,
                   internal_checkpoints=engine.enable_prefix_caching and engine.num_prefill_checkpoint_blocks > 0,
-                  prompt_lens={rid: scenario.prompt_len(i) for i, rid in enumerate(scenario.request_ids())},
+                  prompt_lens={rid: scenario.prompt_len(i) for i, rid in enumerate(plan.ids)},
                   token_budget=engine.max_num_batched_tokens,
                   long_prefill_threshold=engine.long_prefill_token_threshold)
     try:
@@ -116,7 +117,7 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
         return trace
     trace.runner = session.runner
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
-    runner = _Runner(scenario, session, trace, prefix_caching, time.monotonic() + timeout)
+    runner = _Runner(scenario, plan, session, trace, prefix_caching, time.monotonic() + timeout)
     use_alarm = timeout > 0 and threading.current_thread() is threading.main_thread()
     if use_alarm:
         previous = signal.signal(signal.SIGALRM, _on_alarm)
@@ -133,14 +134,14 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
 
 
 class _Runner:
-    def __init__(self, scenario: Scenario, session: vb.SchedulerSession, trace: Trace, prefix_caching: bool,
-                 deadline: float = float("inf")):
+    def __init__(self, scenario: Scenario, plan: StepPlan, session: vb.SchedulerSession, trace: Trace,
+                 prefix_caching: bool, deadline: float = float("inf")):
         self.deadline = deadline
         self.s = scenario
         self.session = session
         self.trace = trace
         self.prefix_caching = prefix_caching
-        self.ids = scenario.request_ids()
+        self.ids = plan.ids
         self.live: dict[str, _Live] = {}
         e = scenario.engine
         sched = session.scheduler
@@ -158,12 +159,16 @@ class _Runner:
             align=prefix_caching,
         ), runner=session.runner, mixer=scenario.engine.mixer, first_use=(session.allocated_blocks, session.reused_blocks))
         self.mirror = WorkerMirror((self.model,), self.spec)
-        self.plan = StepPlan.of(scenario)
+        self.plan = plan
         self.book = HashBook(session.hash_block_size)
         self.auditor = BlockAuditor(self.book, self.model, e.mamba_block_size)
         # live requests not admitted yet, or preempted since: the only ones an admission can be
         self.unadmitted: set[str] = set()
         self.known_entries: set[tuple[bytes, int]] = set()
+        # the last full scan of the cache's mamba keys, and the key-map version it saw
+        self._scanned: list = []
+        self._scanned_blocks: set[int] = set()
+        self._scanned_version = -1
         self.accepted_reset: set[str] = set()  # V1 forgot their accepted count; not scheduled since
         if session.connector is not None and prefix_caching:
             session.connector.plan = {
@@ -206,12 +211,12 @@ class _Runner:
         session = self.session
         for i, rid in self.plan.arrivals(step):
             r = self.s.requests[i]
-            prompt = self.s.prompt_tokens(i)  # the truth keeps this list; vLLM gets a copy
-            self.live[rid] = _Live(i, PrefixStates.for_prompt(prompt, self.s.prompt_key(i)))
+            truth = PrefixStates.for_prompt(self.s.prompt_key(i), lambda: self.s.prompt_tokens(i))  # noqa: B023
+            self.live[rid] = _Live(i, truth)
             self.unadmitted.add(rid)
-            session.add_request(rid, prompt, r.max_tokens, float(step))
+            session.add_request(rid, truth.tokens, r.max_tokens, float(step))  # vLLM gets a copy
             rec.arrivals.append(rid)
-        aborts = self.plan.aborts(step, lambda rid: rid in self.live and self._unfinished(rid))
+        aborts = step in self.plan.aborts_at and self.plan.aborts(step, self._running)
         if aborts:
             session.abort(aborts)
             rec.aborts = aborts
@@ -273,6 +278,10 @@ class _Runner:
             self._audit_cache(rec)
 
     # ---- pieces ----------------------------------------------------------------------
+    def _running(self, rid: str) -> bool:
+        """Arrived and not finished."""
+        return rid in self.live and self._unfinished(rid)
+
     def _unfinished(self, rid: str) -> bool:
         req = self.session.request(rid)
         return req is not None and not req.is_finished()
@@ -294,7 +303,7 @@ class _Runner:
         req = self.session.request(rid)
         live = self.live[rid]
         start = req.num_computed_tokens - n  # schedule() already advanced it
-        if not 0 <= start <= start + n - len(drafts) <= len(live.truth):
+        if not 0 <= start <= start + n - len(drafts) <= len(live.truth.tokens):
             raise SchedulerContractError(f"{rid} is scheduled for tokens {start}..{start + n - len(drafts)} "
                                          f"(+{len(drafts)} drafts) but has {len(live.truth)} tokens")
         tables = (self.session.mamba_block_ids(rid),)
@@ -336,13 +345,22 @@ class _Runner:
         drafts: dict[str, list[int]] = {}
         step = rec.step
         done = self.trace.finish_status
+        # The cache audit's hash book learns each request's new hashes in request order (the first
+        # request to produce a hash is the one its entries name). A request finished or aborted
+        # at an earlier step has nothing new; one aborted this step still has its prompt's hashes.
+        learn = self.prefix_caching
+        aborted_now = rec.aborts
         for rid, live in self.live.items():
-            if rid in done:  # finished or aborted at an earlier step: nothing new to read
+            if rid in done:
+                if learn and aborted_now and rid in aborted_now:
+                    self.book.learn(rid, self.session.request(rid).block_hashes, live.truth)
                 continue
             req = self.session.request(rid)
             if req is None:
                 continue
             extend_truth(live.truth, req)
+            if learn:
+                self.book.learn(rid, req.block_hashes, live.truth)
             if req.is_finished():
                 if rid not in self.trace.finish_status:
                     self.trace.finish_status[rid] = req.status.name
@@ -369,21 +387,31 @@ class _Runner:
     def _audit_cache(self, rec: StepRecord) -> None:
         """Record the mamba cache entries whose verdict may have changed this step: new keys, and
         keys on blocks the kernel model wrote. A key's claim never changes and a block's held state
-        changes only by a write, so an entry judged before keeps its verdict until one of these."""
-        for rid, live in self.live.items():
-            self.book.learn(rid, self.session.block_hashes(rid), live.truth)
+        changes only by a write, so an entry judged before keeps its verdict until one of these.
+        While no key was added or removed, the last scan's entries (all judged) still hold."""
         written = self.model.take_dirty()
+        version = self.session.cache_keys_version()
+        if version == self._scanned_version:
+            if not written or written.isdisjoint(self._scanned_blocks):
+                return
+            changed = [(key, block) for key, block in self._scanned if block.block_id in written]
+            self._describe(rec, changed, self.known_entries)
+            return
+        scanned = list(self.session.cached_mamba_blocks())
+        seen = {(key, block.block_id) for key, block in scanned}
         known = self.known_entries
+        self._describe(rec, [(key, block) for key, block in scanned
+                             if (key, block.block_id) not in known or block.block_id in written], known)
+        self.known_entries = seen
+        self._scanned, self._scanned_version = scanned, version
+        self._scanned_blocks = {block.block_id for _, block in scanned}
+
+    def _describe(self, rec: StepRecord, pairs: list, known: set[tuple[bytes, int]]) -> None:
+        """Append a cache entry per (key, block) in `pairs`; those not in `known` are new."""
         describe = self.auditor.entry
-        seen: set[tuple[bytes, int]] = set()
-        for key, block in self.session.cached_mamba_blocks():
-            ident = (key, block.block_id)
-            seen.add(ident)
-            new = ident not in known
-            if not new and block.block_id not in written:
-                continue
+        for key, block in pairs:
+            new = (key, block.block_id) not in known
             entry = vb.SchedulerSession.mamba_entry(key, block)
             if new:
                 self.trace.hashed_snapshots += 1
             rec.cache.append(describe(entry.block_hash, entry.block_id, entry.primary, entry.claimed_tokens, new))
-        self.known_entries = seen

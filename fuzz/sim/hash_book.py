@@ -24,7 +24,7 @@ class HashBook:
     def learn(self, rid: str, hashes: Sequence[bytes], truth: Any) -> None:
         """Record the hashes of `rid` not seen yet whose tokens `truth` (PrefixStates) covers."""
         start = self._seen.get(rid, 0)
-        end = min(len(hashes), len(truth) // self.unit)
+        end = min(len(hashes), len(truth.tokens) // self.unit)
         if end <= start:
             return
         for i in range(start, end):

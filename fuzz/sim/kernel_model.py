@@ -81,6 +81,9 @@ class KernelModel:
         allocated once and never written still holds the cache's initial zeros."""
         self.g = geometry
         self.runner = runner_rules(runner)
+        # Asked at the first step of a spec-decode run, then kept: a model lives for one run,
+        # and patches are applied before it starts.
+        self._resets_accepted: bool | None = None
         self.mixer = mixer_rules(mixer)
         self.allocated, self.reused = first_use or (set(), set())
         self.held: dict[int, State] = {}
@@ -140,7 +143,9 @@ class KernelModel:
         not schedule (see runners.V1Runner), V2 keeps it. Returns the requests whose count
         this changed (it was above 1)."""
         reset = []
-        if self.runner.resets_accepted_when_unscheduled:
+        if self._resets_accepted is None:
+            self._resets_accepted = self.runner.resets_accepted_when_unscheduled
+        if self._resets_accepted:
             accepted = self._num_accepted
             for rid, count in accepted.items():
                 if rid not in scheduled and count != 1:

@@ -7,7 +7,7 @@ came from the wrong tokens, or from too few of them, is told apart from the righ
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import NamedTuple
 
 _MASK = (1 << 64) - 1
@@ -34,7 +34,7 @@ class State(NamedTuple):
 EMPTY = State(0, 0xCBF29CE484222325)
 
 
-_PROMPT_CHAINS: dict[Hashable, list[int]] = {}
+_PROMPT_CHAINS: dict[Hashable, tuple[list[int], list[int]]] = {}
 
 
 class PrefixStates:
@@ -44,26 +44,25 @@ class PrefixStates:
 
     def __init__(self, tokens: list[int] | None = None):
         self._fps = [EMPTY.fingerprint]
-        self._tokens: list[int] = []
+        self.tokens: list[int] = []  # read freely; only `append` may change it
         if tokens:
             self.append(tokens)
 
     @classmethod
-    def for_prompt(cls, prompt: list[int], key: Hashable | None = None) -> PrefixStates:
-        """Same as PrefixStates(prompt), reusing the chain computed for an identical prompt
-        (each evaluation runs the same prompts with prefix caching on and off). `key`, when
-        given, must determine the prompt (a cheaper dict key than the tokens themselves).
-        Takes ownership of `prompt`."""
-        key = tuple(prompt) if key is None else key
-        chain = _PROMPT_CHAINS.get(key)
-        if chain is None or len(chain) != len(prompt) + 1:
-            chain = cls(prompt)._fps
+    def for_prompt(cls, key: Hashable, build: Callable[[], list[int]]) -> PrefixStates:
+        """Same as PrefixStates(build()), reusing the tokens and chain of an earlier prompt with
+        the same `key` (each evaluation runs the same prompts with prefix caching on and off).
+        `key` must determine the prompt; `build` runs only when it is not cached."""
+        cached = _PROMPT_CHAINS.get(key)
+        if cached is None:
+            first = cls(build())
             if len(_PROMPT_CHAINS) >= 32:  # bounded: only the cached/uncached pair needs it
                 _PROMPT_CHAINS.pop(next(iter(_PROMPT_CHAINS)))
-            _PROMPT_CHAINS[key] = chain
+            _PROMPT_CHAINS[key] = (list(first.tokens), list(first._fps))
+            return first
         states = cls()
-        states._fps = list(chain)
-        states._tokens = prompt
+        states.tokens = list(cached[0])
+        states._fps = list(cached[1])
         return states
 
     def append(self, tokens: list[int]) -> None:
@@ -72,7 +71,7 @@ class PrefixStates:
         for tok in tokens:
             fp = ((fp ^ (tok + 0x9E3779B9)) * _PRIME) & _MASK
             fps.append(fp)
-        self._tokens += tokens
+        self.tokens += tokens
 
     def at(self, length: int) -> State:
         return State(length, self._fps[length])
@@ -84,14 +83,10 @@ class PrefixStates:
         fps = self._fps
         if start.num_tokens == begin and fps[begin] == start.fingerprint:
             return State(end, fps[end])
-        return start.extend(self._tokens[begin:end])
+        return start.extend(self.tokens[begin:end])
 
     def __len__(self) -> int:
-        return len(self._tokens)
-
-    @property
-    def tokens(self) -> list[int]:
-        return self._tokens
+        return len(self.tokens)
 
 
 def next_token(state: State, vocab_size: int) -> int:

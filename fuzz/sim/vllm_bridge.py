@@ -271,6 +271,8 @@ class SchedulerSession:
         self._mamba_key_suffix = bytes(make_block_hash_with_group_id(b"", self.mamba_group))
         self.connector = self.scheduler.connector
         self._block_hasher = get_request_block_hasher(hash_block_size, sha256)
+        self._watched_keys: object = None  # the key map cache_keys_version watches
+        self._key_changes = [0]
         # Our own references: vLLM drops finished requests from `scheduler.requests` inside
         # update_from_output, before their last sampled token could be read back.
         self._requests: dict[str, Request] = {}
@@ -340,10 +342,30 @@ class SchedulerSession:
     def mamba_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._mamba_manager.req_to_blocks.get(request_id, ())]
 
-    def block_hashes(self, request_id: str) -> Sequence[bytes]:
-        """The request's block hashes so far (vLLM's own list: read it, don't keep it)."""
-        req = self._requests.get(request_id)
-        return req.block_hashes if req is not None else ()
+    def cache_keys_version(self) -> int:
+        """A number that changes whenever a key of the mamba group is added to or removed from
+        the prefix cache: the per-step cache audit rescans `cached_mamba_blocks` only when it
+        moved. The watch is installed on the first call (wrapping the key map's `insert` and
+        `pop`, the only ways vLLM changes it), and again should vLLM replace the map."""
+        keys = self.block_pool.cached_block_hash_to_block
+        if keys is not self._watched_keys:
+            changes, suffix = self._key_changes, self._mamba_key_suffix
+            insert, pop = keys.insert, keys.pop
+
+            def counted_insert(key, *args, **kwargs):
+                if key[-4:] == suffix:
+                    changes[0] += 1
+                return insert(key, *args, **kwargs)
+
+            def counted_pop(key, *args, **kwargs):
+                if key[-4:] == suffix:
+                    changes[0] += 1
+                return pop(key, *args, **kwargs)
+
+            keys.insert, keys.pop = counted_insert, counted_pop
+            self._watched_keys = keys
+            changes[0] += 1
+        return self._key_changes[0]
 
     def cached_mamba_blocks(self) -> Iterator[tuple[bytes, KVCacheBlock]]:
         """(key, block) for every live prefix-cache key of the mamba group: the raw form, so the

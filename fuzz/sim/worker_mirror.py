@@ -45,9 +45,10 @@ def accepted_count(sampled: Sequence[int] | None) -> int:
 
 def extend_truth(truth: PrefixStates, req: Any) -> PrefixStates:
     """Append the tokens vLLM's Request gained since `truth` last saw it (prompt, sampled)."""
-    have = len(truth)
-    if req.num_tokens > have:
-        truth.append(list(req.all_token_ids[have:req.num_tokens]))
+    have = len(truth.tokens)
+    num_tokens = req.num_tokens
+    if num_tokens > have:
+        truth.append(req.all_token_ids[have:num_tokens])
     return truth
 
 
@@ -73,13 +74,14 @@ class WorkerMirror:
         that copy) per CoW copy, in order."""
         dropped = dropped_requests(out)
         zero = out.new_block_ids_to_zero
-        copies = block_copies(out)
-        for model in self.models:
-            model.forget_requests(dropped)
-            if zero:
-                model.zero_blocks(zero)
-        if not copies:
+        if dropped or zero:
+            for model in self.models:
+                model.forget_requests(dropped)
+                if zero:
+                    model.zero_blocks(zero)
+        if not out.kv_cache_block_copies:
             return ()
+        copies = block_copies(out)
         for model in self.rest:
             model.copy_blocks(copies)
         first = self.first
