@@ -11,12 +11,13 @@ scheduler with greedy tokens and drafts.
 
 from __future__ import annotations
 
+import _signal
 import os
-import signal
 import threading
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
 from fuzz.checks.block_audit import BlockAuditor
 from fuzz.exit_codes import ToolError, one_line
@@ -38,6 +39,7 @@ class _Live:
 
     index: int
     truth: PrefixStates
+    req: Any  # vLLM's Request (the session keeps it after vLLM drops it)
     first_chunk_pending: bool = False
     prefill_len: int = 0  # tokens at the last (re)admission: V2's `prefill_len`
 
@@ -120,16 +122,18 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
     runner = _Runner(scenario, plan, session, trace, prefix_caching, time.monotonic() + timeout)
     use_alarm = timeout > 0 and threading.current_thread() is threading.main_thread()
     if use_alarm:
-        previous = signal.signal(signal.SIGALRM, _on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, timeout + 5)
+        # `_signal` is the C module under `signal`: the same calls, without the enum conversions
+        # (they cost more than the rest of a run's set-up).
+        previous = _signal.signal(_signal.SIGALRM, _on_alarm)
+        _signal.setitimer(_signal.ITIMER_REAL, timeout + 5)
     try:
         runner.run()
     except _WallClockExceeded:
         trace.timed_out = True
     finally:
         if use_alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+            _signal.setitimer(_signal.ITIMER_REAL, 0)
+            _signal.signal(_signal.SIGALRM, previous)
     return trace
 
 
@@ -170,8 +174,9 @@ class _Runner:
         self._scanned_blocks: set[int] = set()
         self._scanned_version = -1
         self.accepted_reset: set[str] = set()  # V1 forgot their accepted count; not scheduled since
-        if session.connector is not None and prefix_caching:
-            session.connector.plan = {
+        self.connector = session.connector if prefix_caching else None  # it sees nothing without prefix caching
+        if self.connector is not None:
+            self.connector.plan = {
                 rid: ExternalHit(r.external_tokens, r.external_async)
                 for rid, r in zip(self.ids, scenario.requests) if r.external_tokens
             }
@@ -209,12 +214,12 @@ class _Runner:
         rec = StepRecord(step)
         self.trace.steps.append(rec)
         session = self.session
-        for i, rid in self.plan.arrivals(step):
+        for i, rid in self.plan.arrivals(step) if step in self.plan.arrivals_at else ():
             r = self.s.requests[i]
             truth = PrefixStates.for_prompt(self.s.prompt_key(i), lambda: self.s.prompt_tokens(i))  # noqa: B023
-            self.live[rid] = _Live(i, truth)
-            self.unadmitted.add(rid)
             session.add_request(rid, truth.tokens, r.max_tokens, float(step))  # vLLM gets a copy
+            self.live[rid] = _Live(i, truth, session.request(rid))
+            self.unadmitted.add(rid)
             rec.arrivals.append(rid)
         aborts = step in self.plan.aborts_at and self.plan.aborts(step, self._running)
         if aborts:
@@ -223,9 +228,9 @@ class _Runner:
             for rid in aborts:
                 self.trace.finish_status[rid] = "FINISHED_ABORTED"
 
-        waiting_before = {rid for rid in self.unadmitted if self._unfinished(rid)}
+        waiting_before = sorted(rid for rid in self.unadmitted if self._unfinished(rid)) if self.unadmitted else ()
         out = session.schedule()
-        connector_orders = self._drain_connector()
+        connector_orders = self._drain_connector() if self.connector is not None else {}
 
         mirror = self.mirror
         for dst, state in mirror.before_forward(out):
@@ -237,7 +242,7 @@ class _Runner:
 
         scheduled = out.num_scheduled_tokens
         spec_tokens = session.spec_tokens(out)
-        for rid in sorted(waiting_before):
+        for rid in waiting_before:
             req = session.request(rid)
             if req is None or (not req.num_computed_tokens and rid not in scheduled):
                 continue
@@ -264,7 +269,7 @@ class _Runner:
         for rid in scheduled:  # dict order is the batch order vLLM built
             sampled[rid] = self._run_row(rec, rid, scheduled[rid], spec_tokens.get(rid, []))
 
-        recv_done = {rid for rid, o in connector_orders.items() if o.load_async}
+        recv_done = {rid for rid, o in connector_orders.items() if o.load_async} if connector_orders else set()
         if recv_done:
             for rid in sorted(recv_done):
                 req = session.request(rid)
@@ -287,11 +292,9 @@ class _Runner:
         return req is not None and not req.is_finished()
 
     def _drain_connector(self) -> dict:
-        conn = self.session.connector
-        if conn is None or not self.prefix_caching:
-            return {}
-        orders = {o.request_id: o for o in conn.orders}
-        conn.orders.clear()
+        """The connector's orders of this step's schedule, by request."""
+        orders = {o.request_id: o for o in self.connector.orders}
+        self.connector.orders.clear()
         return orders
 
     def _connector_load(self, rec: StepRecord, rid: str, num_tokens: int) -> None:
@@ -300,8 +303,8 @@ class _Runner:
         rec.writes.append(SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
 
     def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int]) -> list[int]:
-        req = self.session.request(rid)
         live = self.live[rid]
+        req = live.req
         start = req.num_computed_tokens - n  # schedule() already advanced it
         if not 0 <= start <= start + n - len(drafts) <= len(live.truth.tokens):
             raise SchedulerContractError(f"{rid} is scheduled for tokens {start}..{start + n - len(drafts)} "
@@ -353,11 +356,9 @@ class _Runner:
         for rid, live in self.live.items():
             if rid in done:
                 if learn and aborted_now and rid in aborted_now:
-                    self.book.learn(rid, self.session.request(rid).block_hashes, live.truth)
+                    self.book.learn(rid, live.req.block_hashes, live.truth)
                 continue
-            req = self.session.request(rid)
-            if req is None:
-                continue
+            req = live.req
             extend_truth(live.truth, req)
             if learn:
                 self.book.learn(rid, req.block_hashes, live.truth)

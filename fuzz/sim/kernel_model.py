@@ -209,7 +209,8 @@ class KernelModel:
                     outputs.append(next_token(final, self.g.vocab_size))
             if self._write(table[curr], final):  # drafts included: the kernel cannot roll them back
                 writes.append((curr, table[curr], final, "chunk-end+drafts" if num_drafts else "chunk-end"))
-            self._maybe_checkpoint(table, num_computed, seq_len, start, writes, through)
+            if self.g.checkpoint_alignment is not None:
+                self._checkpoint(table, num_computed, seq_len, start, writes, through)
         else:
             read_col = curr + accepted - 1
             start = self.state_of(table[read_col]) if read_col < len(table) else UNSET
@@ -224,11 +225,9 @@ class KernelModel:
                 outputs.append(next_token(state, self.g.vocab_size))
         return RowResult(read_col, table[read_col] if read_col < len(table) else -1, start, outputs, writes)
 
-    def _maybe_checkpoint(self, table: list[int], num_computed: int, seq_len: int, start: State,
-                          writes: list[tuple[int, int, State, str]],
-                          through: Callable[[State, int], State]) -> None:
-        if self.g.checkpoint_alignment is None:
-            return
+    def _checkpoint(self, table: list[int], num_computed: int, seq_len: int, start: State,
+                    writes: list[tuple[int, int, State, str]], through: Callable[[State, int], State]) -> None:
+        """A prefill row's internal checkpoint, when vLLM's checkpoint rule places one in it."""
         position = get_mamba_prefill_checkpoint_position(
             seq_len, self.g.cache_hit_alignment_tokens, drop_eagle_block=self.g.drop_eagle_block
         )
