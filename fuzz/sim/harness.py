@@ -304,33 +304,37 @@ class _Runner:
 
     def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int]) -> list[int]:
         live = self.live[rid]
-        req = live.req
+        req, truth = live.req, live.truth
+        num_drafts = len(drafts)
         start = req.num_computed_tokens - n  # schedule() already advanced it
-        if not 0 <= start <= start + n - len(drafts) <= len(live.truth.tokens):
-            raise SchedulerContractError(f"{rid} is scheduled for tokens {start}..{start + n - len(drafts)} "
-                                         f"(+{len(drafts)} drafts) but has {len(live.truth)} tokens")
+        end = start + n - num_drafts  # the row's real tokens end here; its drafts follow
+        if not 0 <= start <= end <= len(truth.tokens):
+            raise SchedulerContractError(f"{rid} is scheduled for tokens {start}..{end} "
+                                         f"(+{num_drafts} drafts) but has {len(truth.tokens)} tokens")
         tables = (self.session.mamba_block_ids(rid),)
-        spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, live.truth, req.num_prompt_tokens,
-                                            live.prefill_len or req.num_prompt_tokens)
+        num_prompt = req.num_prompt_tokens
+        spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, truth, num_prompt,
+                                            live.prefill_len or num_prompt)
+        read_column, read_block, read_state, outputs, writes = row
         if spec_row:
             self.trace.spec_rows.add((rec.step, rid))
         first = live.first_chunk_pending
         live.first_chunk_pending = False
-        rec.chunks.append(Chunk(rid, start, n, len(drafts), row.read_column, row.read_block, row.read_state,
-                                live.truth.at(start), first, first and start > 0))
-        for col, block, state, cause in row.writes:
-            rec.writes.append(SlotWrite(rid, col, block, state, cause))
-        prefill_done = start + n - len(drafts) >= req.num_tokens
-        if not prefill_done:
+        rec.chunks.append(Chunk(rid, start, n, num_drafts, read_column, read_block, read_state, truth.at(start),
+                                first, first and start > 0))
+        recorded = rec.writes
+        for col, block, state, cause in writes:
+            recorded.append(SlotWrite(rid, col, block, state, cause))
+        if end < req.num_tokens:  # a partial prefill samples nothing
             sampled: list[int] = []
         elif not drafts:
-            sampled = [row.outputs[-1]]
+            sampled = [outputs[-1]]
         else:
-            sampled = self._accept(row.outputs[-len(drafts) - 1 :], drafts)
+            sampled = self._accept(outputs[-num_drafts - 1 :], drafts)
         if self.spec:
-            for col, block, state, cause in self.mirror.postprocess(rid, tables, start, n, len(drafts),
+            for col, block, state, cause in self.mirror.postprocess(rid, tables, start, n, num_drafts,
                                                                     accepted_count(sampled)):
-                rec.writes.append(SlotWrite(rid, col, block, state, cause))
+                recorded.append(SlotWrite(rid, col, block, state, cause))
         return sampled
 
     @staticmethod

@@ -106,7 +106,9 @@ class KernelModel:
 
     def take_dirty(self) -> set[int]:
         """Blocks written since the last call: the only ones whose held state can have changed."""
-        dirty, self.dirty = self.dirty, set()
+        dirty = self.dirty
+        if dirty:
+            self.dirty = set()
         return dirty
 
     def worker_state(self, rid: str) -> tuple[int | None, int]:
@@ -169,7 +171,8 @@ class KernelModel:
         `spec_row` selects the speculative kernel path (see `is_spec_row`). `truth`, the request's
         true prefix states (whose tokens from `num_computed` on are `tokens` without the drafts),
         only makes extending a state cheaper; it never changes a result."""
-        num_real = len(tokens) - num_drafts
+        num_tokens = len(tokens)
+        num_real = num_tokens - num_drafts
 
         def through(state: State, count: int) -> State:
             """`state` extended by this row's first `count` tokens."""
@@ -177,11 +180,12 @@ class KernelModel:
                 return truth.span(state, num_computed, num_computed + count)
             return state.extend(tokens[:count])
 
-        bs = self.g.block_size
-        seq_len = num_computed + len(tokens)
+        g = self.g
+        bs = g.block_size
+        seq_len = num_computed + num_tokens
         accepted = self._num_accepted.get(rid, 1)
         writes: list[tuple[int, int, State, str]] = []
-        if self.g.align:
+        if g.align:
             curr = cdiv(seq_len, bs) - 1
             prev = self._prev_column.get(rid, (num_computed - 1) // bs)
             if prev != -1 and prev != curr:
@@ -197,32 +201,34 @@ class KernelModel:
 
         if not spec_row:
             read_col = curr
-            start = self.state_of(table[curr]) if num_computed > 0 else EMPTY
+            block = table[curr]
+            start = self.state_of(block) if num_computed > 0 else EMPTY
             if not num_drafts:  # the sampler reads the last position only
-                final = through(start, len(tokens))
-                outputs = [next_token(final, self.g.vocab_size)]
+                final = through(start, num_tokens)
+                outputs = [next_token(final, g.vocab_size)]
             else:  # ... and every draft position
                 final = through(start, num_real - 1)
                 outputs = []
-                for tok in tokens[len(tokens) - num_drafts - 1 :]:
+                for tok in tokens[num_tokens - num_drafts - 1 :]:
                     final = final.extend([tok])
-                    outputs.append(next_token(final, self.g.vocab_size))
-            if self._write(table[curr], final):  # drafts included: the kernel cannot roll them back
-                writes.append((curr, table[curr], final, "chunk-end+drafts" if num_drafts else "chunk-end"))
-            if self.g.checkpoint_alignment is not None:
+                    outputs.append(next_token(final, g.vocab_size))
+            if self._write(block, final):  # drafts included: the kernel cannot roll them back
+                writes.append((curr, block, final, "chunk-end+drafts" if num_drafts else "chunk-end"))
+            if g.checkpoint_alignment is not None:
                 self._checkpoint(table, num_computed, seq_len, start, writes, through)
-        else:
-            read_col = curr + accepted - 1
-            start = self.state_of(table[read_col]) if read_col < len(table) else UNSET
-            if start == ZEROED and num_computed == 0:
-                start = EMPTY  # no mask, but zeros are exactly the initial state
-            state = start
-            outputs = []
-            for t, tok in enumerate(tokens):
-                state = state.extend([tok])
-                if curr + t < len(table) and self._write(table[curr + t], state):
-                    writes.append((curr + t, table[curr + t], state, "spec-token"))
-                outputs.append(next_token(state, self.g.vocab_size))
+            return RowResult(read_col, block, start, outputs, writes)
+        # the speculative (multi-token) kernel
+        read_col = curr + accepted - 1
+        start = self.state_of(table[read_col]) if read_col < len(table) else UNSET
+        if start == ZEROED and num_computed == 0:
+            start = EMPTY  # no mask, but zeros are exactly the initial state
+        state = start
+        outputs = []
+        for t, tok in enumerate(tokens):
+            state = state.extend([tok])
+            if curr + t < len(table) and self._write(table[curr + t], state):
+                writes.append((curr + t, table[curr + t], state, "spec-token"))
+            outputs.append(next_token(state, g.vocab_size))
         return RowResult(read_col, table[read_col] if read_col < len(table) else -1, start, outputs, writes)
 
     def _checkpoint(self, table: list[int], num_computed: int, seq_len: int, start: State,
