@@ -138,6 +138,18 @@ def test_the_cache_audit_between_key_changes_records_what_a_full_scan_every_step
     assert sum(len(rec) for runs in incremental for rec in runs) > 0  # the scenarios do publish blocks
 
 
+def test_a_cache_change_the_counter_misses_is_a_tool_failure_not_a_clean_run(monkeypatch):
+    """Should a vLLM change its prefix cache without going through the counted `insert`/`pop`,
+    the incremental audit would miss entries; the end-of-run check turns that into a HarnessError."""
+    import pytest
+
+    from fuzz.sim import vllm_bridge
+
+    monkeypatch.setattr(vllm_bridge.SchedulerSession, "cache_keys_version", lambda self: 0)
+    with pytest.raises(harness.HarnessError, match="cache_keys_version"):
+        harness.run(shared_prefix_scenario())
+
+
 def test_an_exception_of_the_harness_itself_is_a_tool_error_not_a_vllm_crash(monkeypatch):
     """With no vLLM frame on the stack, our own code raised: that used to be filed as
     `vllm_crash:...@outside-vllm` (the mutation score counted one such "kill")."""

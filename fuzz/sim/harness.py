@@ -203,6 +203,8 @@ class _Runner:
             self.trace.crash = Crash("SchedulerContract", str(exc), SCHEDULER_OUTPUT, step)
         except Exception as exc:
             self.trace.crash = _crash_or_tool_error(exc, step)
+        if self.prefix_caching and self.trace.crash is None and not self.trace.timed_out:
+            self._check_audit_view()
         for rid in self.ids:
             req = self.session.request(rid)
             if rid in self.live:
@@ -410,6 +412,19 @@ class _Runner:
         self.known_entries = seen
         self._scanned, self._scanned_version = scanned, version
         self._scanned_blocks = {block.block_id for _, block in scanned}
+
+    def _check_audit_view(self) -> None:
+        """Tripwire for the incremental audit: at the end of a run the cache's mamba keys must be
+        the ones the last scan saw, unless the change counter says they moved since. If not,
+        this vLLM changes its prefix cache in a way the bridge does not count, and the audit
+        would miss entries: a tool failure, not a clean run."""
+        if self.session.cache_keys_version() != self._scanned_version:
+            return
+        actual = {(key, block.block_id) for key, block in self.session.cached_mamba_blocks()}
+        if actual != self.known_entries:
+            raise HarnessError(f"the cache audit saw {len(self.known_entries)} mamba cache entries but the cache "
+                               f"holds {len(actual)}: this vLLM changes its prefix cache in a way "
+                               "SchedulerSession.cache_keys_version does not count")
 
     def _describe(self, rec: StepRecord, pairs: list, known: set[tuple[bytes, int]]) -> None:
         """Append a cache entry per (key, block) in `pairs`; those not in `known` are new."""
