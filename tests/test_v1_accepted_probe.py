@@ -50,3 +50,30 @@ def test_feature_detection_needs_the_batch_methods():
     from fuzz.sim.vllm_compat.api import CachedRequestState, InputBatch
 
     assert has_v1_accepted_probe(InputBatch, CachedRequestState)
+
+
+def test_the_batch_is_built_for_releases_that_require_the_kernel_block_sizes(monkeypatch):
+    """vLLM 0.27 to 0.31's InputBatch requires `kernel_block_sizes`; 0.32's has no such argument.
+    Without it the probe (and V1 conformance) was a tool failure on those releases."""
+    from fuzz.sim import v1_input_batch
+
+    built = {}
+
+    class OldBatch:
+        def __init__(self, *, max_num_reqs, max_model_len, max_num_batched_tokens, device, vocab_size,
+                     block_sizes, kernel_block_sizes, max_num_blocks_per_req, num_spec_tokens=0):
+            built.update(block_sizes=block_sizes, kernel_block_sizes=kernel_block_sizes)
+
+    class NewBatch:
+        def __init__(self, *, max_num_reqs, max_model_len, max_num_batched_tokens, device, vocab_size,
+                     block_sizes, max_num_blocks_per_req, num_spec_tokens=0):
+            built.update(block_sizes=block_sizes, kernel_block_sizes=None)
+
+    args = dict(max_num_reqs=2, max_model_len=64, max_num_batched_tokens=64, vocab_size=16, block_size=16,
+                max_blocks=4, num_spec_tokens=1)
+    monkeypatch.setattr(v1_input_batch, "InputBatch", OldBatch)
+    v1_input_batch.new_input_batch(**args)
+    assert built == {"block_sizes": [16], "kernel_block_sizes": [16]}
+    monkeypatch.setattr(v1_input_batch, "InputBatch", NewBatch)
+    v1_input_batch.new_input_batch(**args)
+    assert built == {"block_sizes": [16], "kernel_block_sizes": None}

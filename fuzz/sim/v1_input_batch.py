@@ -10,17 +10,20 @@ from typing import Any
 import torch
 
 from fuzz.sim.vllm_compat.api import CachedRequestState, InputBatch, SamplingParams
+from fuzz.sim.vllm_compat.features import init_params
 
 CPU = torch.device("cpu")
 
 
 def new_input_batch(*, max_num_reqs: int, max_model_len: int, max_num_batched_tokens: int, vocab_size: int,
                     block_size: int, max_blocks: int, num_spec_tokens: int) -> Any:
-    """A one-KV-group InputBatch on CPU, as GPUModelRunner builds it (gpu_model_runner.py)."""
+    """A one-KV-group InputBatch on CPU, as GPUModelRunner builds it (gpu_model_runner.py). vLLM
+    0.27 to 0.31 also require the kernel's block size per group; unsplit, it is the group's own."""
+    extra = {"kernel_block_sizes": [block_size]} if "kernel_block_sizes" in init_params(InputBatch) else {}
     return InputBatch(
         max_num_reqs=max_num_reqs, max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
         device=CPU, vocab_size=vocab_size, block_sizes=[block_size], max_num_blocks_per_req=[max_blocks],
-        num_spec_tokens=num_spec_tokens,
+        num_spec_tokens=num_spec_tokens, **extra,
     )
 
 
