@@ -119,3 +119,24 @@ def test_a_mixer_rule_broken_on_a_row_kind_is_caught(monkeypatch):
     monkeypatch.setattr(mixers.GDN, "path", staticmethod(lambda *args, **kwargs: mixers.PREFILL))
     found = row_kind_disagreements("v1", 1, ROW_KINDS["decode with a draft after 2 accepted tokens"])
     assert any(d.mixer == "gdn" for d in found), found
+
+
+def test_worker_code_of_another_release_is_a_one_line_unsupported_vllm(monkeypatch):
+    """Outside 0.32/0.33 a missing worker API is an unsupported vLLM (ToolError, one line);
+    on those releases it stays an internal error, because there it is mambafuzz's bug."""
+    import pytest
+
+    from fuzz.cli import conformance
+    from fuzz.exit_codes import ToolError
+    from fuzz.sim.vllm_compat import about
+
+    def missing_api():
+        with conformance._worker_code_of_other_releases_is_unsupported():
+            raise AttributeError("'Mamba2AttentionMetadata' object has no attribute 'checkpoint_meta'")
+
+    monkeypatch.setattr(about, "vllm_version", lambda: "0.31.0")
+    with pytest.raises(ToolError, match=r"vLLM 0\.31\.0's differs .*checkpoint_meta"):
+        missing_api()
+    monkeypatch.setattr(about, "vllm_version", lambda: "0.32.0")
+    with pytest.raises(AttributeError):
+        missing_api()

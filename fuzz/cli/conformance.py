@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import random
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from fuzz.cli.options import add_patch_argument, patches_or_usage
-from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE
+from fuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE, ToolError, one_line
 
 
 def add_conform_command(sub: Any) -> None:
@@ -31,6 +33,27 @@ def add_conform_command(sub: Any) -> None:
     c.add_argument("--seed", type=int, default=1, metavar="N", help="PRNG seed for --random (default 1)")
     add_patch_argument(c)  # a case filed by `fuzz --target conform --patch` replays under the same patches
     c.set_defaults(handler=cmd_conform)
+
+
+# The releases whose worker code the conformance tier drives (their builders, InputBatch and
+# model state); elsewhere the scheduler-level harness still runs, this tier does not.
+CONFORM_RELEASES = ("0.32.", "0.33.")
+
+
+@contextlib.contextmanager
+def _worker_code_of_other_releases_is_unsupported() -> Iterator[None]:
+    """On a release outside CONFORM_RELEASES, a worker API that is missing or shaped differently
+    (AttributeError, TypeError) is an unsupported vLLM, said in one line, not an internal error."""
+    try:
+        yield
+    except (AttributeError, TypeError) as exc:
+        from fuzz.sim.vllm_compat.about import vllm_version
+
+        version = vllm_version()
+        if version.startswith(CONFORM_RELEASES):
+            raise
+        raise ToolError(f"the conformance tier drives the worker code of vLLM {' and '.join(r + 'x' for r in CONFORM_RELEASES)}; "
+                        f"vLLM {version}'s differs ({one_line(exc, where=True)})") from None
 
 
 def cmd_conform(args: argparse.Namespace) -> int:
@@ -54,7 +77,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
 
     def check(scenario, where: str) -> None:
         nonlocal checked
-        with patching.applied(patches):
+        with patching.applied(patches), _worker_code_of_other_releases_is_unsupported():
             for d in conform_check.compare(scenario, runners):
                 seen[d.key] += 1
                 if seen[d.key] == 1:
