@@ -34,12 +34,15 @@ class StepPlan:
         return plan
 
     def arrivals(self, step: int) -> list[tuple[int, str]]:
-        """(index, request id) of the requests that arrive at `step`, in scenario order."""
-        return [(i, self.ids[i]) for i in self.arrivals_at.get(step, ())]
+        """(index, request id) of the requests that arrive at `step`, in scenario order (cheap on
+        the many steps where none does: every driving loop asks on every step)."""
+        due = self.arrivals_at.get(step)
+        return [(i, self.ids[i]) for i in due] if due else []
 
     def aborts(self, step: int, running: Callable[[str], bool]) -> list[str]:
         """The requests aborted at `step` that are still `running` (arrived, not finished)."""
-        return [rid for rid in self.aborts_at.get(step, ()) if running(rid)]
+        due = self.aborts_at.get(step)
+        return [rid for rid in due if running(rid)] if due else []
 
     def done(self, step: int, has_unfinished: bool) -> bool:
         """Every request has arrived and none is left."""

@@ -216,21 +216,21 @@ class _Runner:
         rec = StepRecord(step)
         self.trace.steps.append(rec)
         session = self.session
-        for i, rid in self.plan.arrivals(step) if step in self.plan.arrivals_at else ():
+        for i, rid in self.plan.arrivals(step):
             r = self.s.requests[i]
             truth = PrefixStates.for_prompt(self.s.prompt_key(i), lambda: self.s.prompt_tokens(i))  # noqa: B023
             session.add_request(rid, truth.tokens, r.max_tokens, float(step))  # vLLM gets a copy
             self.live[rid] = _Live(i, truth, session.request(rid))
             self.unadmitted.add(rid)
             rec.arrivals.append(rid)
-        aborts = step in self.plan.aborts_at and self.plan.aborts(step, self._running)
+        aborts = self.plan.aborts(step, self._running)
         if aborts:
             session.abort(aborts)
             rec.aborts = aborts
             for rid in aborts:
                 self.trace.finish_status[rid] = "FINISHED_ABORTED"
 
-        waiting_before = sorted(rid for rid in self.unadmitted if self._unfinished(rid)) if self.unadmitted else ()
+        waiting_before = sorted(rid for rid in self.unadmitted if self._running(rid)) if self.unadmitted else ()
         out = session.schedule()
         connector_orders = self._drain_connector() if self.connector is not None else {}
 
@@ -287,11 +287,8 @@ class _Runner:
     # ---- pieces ----------------------------------------------------------------------
     def _running(self, rid: str) -> bool:
         """Arrived and not finished."""
-        return rid in self.live and self._unfinished(rid)
-
-    def _unfinished(self, rid: str) -> bool:
-        req = self.session.request(rid)
-        return req is not None and not req.is_finished()
+        live = self.live.get(rid)
+        return live is not None and not live.req.is_finished()
 
     def _drain_connector(self) -> dict:
         """The connector's orders of this step's schedule, by request."""
