@@ -1,7 +1,8 @@
 """Benchmark: how fast is the fuzz harness, against bare vLLM scheduling and a 10k-block pool?
 
 Run:  python bench/harness_speed.py [--reps N] [--number M] [--window W] [--gc on|off|freeze]
-                                    [--clock wall|cpu] [--runner v1|v2] [--json]
+                                    [--clock wall|cpu] [--runner v1|v2] [--scheduling sync|async]
+                                    [--json]
 
 On a fixed set of representative scenarios it measures these modes (the warm-up that builds
 the VllmConfigs is excluded; time.perf_counter, or time.process_time with --clock cpu):
@@ -54,12 +55,21 @@ import time
 from collections.abc import Callable, Iterator
 
 from fuzz.checks import pipeline
-from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ample_pool_blocks, validate, with_runner
-from fuzz.model.step_plan import StepPlan, propose_drafts
+from fuzz.model.scenario import (
+    EngineConfig,
+    RequestSpec,
+    Scenario,
+    ample_pool_blocks,
+    validate,
+    with_runner,
+    with_scheduling,
+)
+from fuzz.model.step_plan import StepPlan
 from fuzz.sim import harness
 from fuzz.sim import vllm_bridge as vb
+from fuzz.sim.constant_worker import ConstantWorker
+from fuzz.sim.engine_core import BatchQueue
 
-CONST_TOKEN = 7  # the bare loop's sampled (and drafted) token
 FRESH_BLOCKS = 10_000
 TARGET_BARE_RATIO = 1.3
 TARGET_FRESH_SPEEDUP = 20.0
@@ -112,35 +122,23 @@ def with_pool(s: Scenario, num_blocks: int) -> Scenario:
 
 
 def bare_run(s: Scenario, prompts: list[list[int]], prefix_caching: bool = True) -> int:
-    """Drive the same Scheduler the harness builds with no kernel model, truth or oracle;
-    returns the number of engine steps taken (to check it matches the harness).  `prompts`
-    are the scenario's prompt token ids, built once outside the timing: turning a scenario
-    into token ids is harness work, not vLLM's."""
+    """Drive the same Scheduler the harness builds with no kernel model, truth or oracle, under
+    the same engine-core loop (fuzz.sim.engine_core.BatchQueue: vLLM's AsyncScheduler with its
+    batch queue when the scenario runs async) and a constant-token worker
+    (fuzz.sim.constant_worker); returns the number of engine steps taken (to check it matches
+    the harness).  `prompts` are the scenario's prompt token ids, built once outside the
+    timing: turning a scenario into token ids is harness work, not vLLM's."""
     engine = s.engine if prefix_caching else s.engine.without_prefix_caching()
     num_blocks = engine.num_gpu_blocks or ample_pool_blocks(s)
-    session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None)
-    spec = engine.uses_spec_decode
-    k = engine.num_speculative_tokens
+    session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None, s.uses_connector)
+    queue = BatchQueue(session.batch_queue_depth)
+    worker = ConstantWorker(session, s, queue)
     plan = StepPlan.of(s)
-    accept_next: dict[str, int] = {}  # drafts proposed last step: how many will be accepted
     step = 0
-    while True:
-        if plan.end(step, session.has_unfinished()) is not None:
-            break
+    while plan.end(step, session.has_unfinished() or bool(queue)) is None:
         plan.feed(step, session, prompts)
-        out = session.schedule()
-        spec_tokens = out.scheduled_spec_decode_tokens
-        sampled: dict[str, list[int]] = {}
-        for rid in out.num_scheduled_tokens:
-            req = session.request(rid)
-            if req.num_computed_tokens < req.num_tokens:
-                continue  # a partial prefill samples nothing
-            drafts = spec_tokens.get(rid)
-            n = min(accept_next.get(rid, k), len(drafts)) + 1 if drafts else 1
-            sampled[rid] = [CONST_TOKEN] * n
-        session.feed(out, sampled, set())
-        if spec:
-            accept_next = propose_drafts(session, out.num_scheduled_tokens, step, s, CONST_TOKEN)
+        queue.step(session, lambda batch, step=step: worker.forward(batch, step),
+                   lambda batch, step=step: worker.apply(batch, step))
         step += 1
     return step
 
@@ -168,9 +166,9 @@ def builds_from_scratch() -> Iterator[None]:
     saved = (vb._VLLM_CONFIGS, vb._model_config, vb._kv_cache_groups, vb.vllm_config_for)
     cached_builder = vb.vllm_config_for
 
-    def from_scratch(e, max_model_len):
+    def from_scratch(e, max_model_len, connector=True):
         vb._VLLM_CONFIGS = {}
-        return cached_builder(e, max_model_len)
+        return cached_builder(e, max_model_len, connector)
 
     vb._model_config = saved[1].__wrapped__
     vb._kv_cache_groups = saved[2].__wrapped__
@@ -291,12 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     ap.add_argument("--runner", choices=("v1", "v2"), default=None,
                     help="the model runner the harness models (default: what vLLM picks on a CUDA host per config)")
+    ap.add_argument("--scheduling", choices=("sync", "async"), default=None,
+                    help="the engine-core loop for every scenario, the bare loop's included (default: vLLM's pick on "
+                         "a CUDA host, async)")
     args = ap.parse_args(argv)
     for flag in ("reps", "number", "window"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag} must be at least 1")
 
-    scen = {name: with_runner(s, args.runner) for name, s in scenarios().items()}
+    scen = {name: with_scheduling(with_runner(s, args.runner), args.scheduling) for name, s in scenarios().items()}
     for name, s in scen.items():
         problems = validate(s)
         if problems:
@@ -345,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             "window": args.window,
             "gc": args.gc,
             "clock": args.clock,
+            "scheduling": args.scheduling or "default (async)",
             "warmup_s": warmup_s,
             "scenarios": {n: {**info[n], **{f"{m}_ms": 1e3 * v for m, v in med[n].items()},
                               **{f"steady_{m}_ms": 1e3 * v.per_scenario_s[n] for m, v in steady.items()}}
@@ -364,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         }, indent=1))
         return 0
 
-    print(f"warm-up (excluded): {warmup_s:.2f}s; gc {args.gc}; clock {args.clock}; ms per execution")
+    print(f"warm-up (excluded): {warmup_s:.2f}s; gc {args.gc}; clock {args.clock}; "
+          f"scheduling {args.scheduling or 'default (async)'}; ms per execution")
     print(f"bare/harness/evaluate: median of {args.reps} reps x {args.number} executions per scenario; "
           f"steady state: mean over {args.window} rounds of the suite\n")
     head = (f"{'scenario':<22} {'req':>3} {'pool':>5} {'steps h/b':>9} {'bare1':>7} {'harn1':>7} {'h1/b1':>6} "

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from fuzz.checks.pipeline import evaluate  # noqa: E402
 from fuzz.model.generate import random_scenario  # noqa: E402
 from fuzz.model.inputs import decode_input, iter_input_files  # noqa: E402
-from fuzz.model.scenario import ScenarioError, validate  # noqa: E402
+from fuzz.model.scenario import ScenarioError, validate, with_scheduling  # noqa: E402
 from fuzz.store.corpus import iter_cases  # noqa: E402
 from fuzz.store.report import trace_digest  # noqa: E402
 
@@ -47,8 +47,18 @@ def inputs(generated: int):
             yield f"random:{seed}", s
 
 
-def rows(generated: int, splits: list[str]):
+def _before_async(s):
+    """`s` without the dimensions the async-scheduling work added (synchronous, aborts at the input
+    queue): what a tree from before them ran for the same generated input."""
+    s = with_scheduling(s, "sync")
+    for r in s.requests:
+        r.abort_in_flight = False
+    return s
+
+
+def rows(generated: int, splits: list[str], scheduling: str | None = None, before_async: bool = False):
     for name, scenario in inputs(generated):
+        scenario = _before_async(scenario) if before_async else with_scheduling(scenario, scheduling)
         for split in splits:
             try:
                 ev = evaluate(scenario, split, efficiency=False)
@@ -64,6 +74,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--generated", type=int, default=300, help="generated scenarios beside the corpus (default 300)")
     p.add_argument("--splits", nargs="+", default=["fixed", "prefix"])
+    p.add_argument("--scheduling", choices=("sync", "async", "default"), default=None,
+                   help="run every input in this scheduling mode")
+    p.add_argument("--before-async", action="store_true",
+                   help="run every input synchronously with aborts at the input queue: compare with a tree from "
+                        "before engine.async_scheduling and abort_in_flight, whose generator drew the same "
+                        "scenarios without them")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--out", type=Path, help="write the rows here (JSON lines)")
     g.add_argument("--compare", type=Path, help="compare against rows written before")
@@ -71,7 +87,7 @@ def main() -> int:
     if args.generated < 0:
         print("trace_digests: --generated must not be negative", file=sys.stderr)
         return 2
-    got = list(rows(args.generated, args.splits))
+    got = list(rows(args.generated, args.splits, args.scheduling, args.before_async))
     if args.out:
         args.out.write_text("".join(json.dumps(r) + "\n" for r in got))
         print(f"trace_digests: {len(got)} evaluations written to {args.out}")

@@ -537,3 +537,17 @@ def test_audit_loads_through_the_documented_switch_in_a_fresh_engine_process():
     assert on["fixed"][0] > 0 and on["fixed"][1] == 0
     assert on["naive"][1] == 3
     assert run(False) == {"fixed": None, "naive": None}
+
+
+@pytest.mark.engine
+def test_a_cpu_engine_runs_vllms_async_scheduler_with_its_batch_queue(engine_cache):
+    """With async scheduling asked for, the CPU engine keeps it (the CPU platform would turn it
+    off) and its engine core steps vLLM's AsyncScheduler through step_with_batch_queue."""
+    from fuzz.store import corpus
+
+    s = corpus.load_case(next(p for p in SEEDS if p.endswith("/engine_async_concurrent_prefills.json"))).scenario
+    spec = engine_cache.EngineSpec.for_scenario(s, True)
+    assert spec.async_scheduling
+    core = engine_cache.get_engine(spec).engine.engine_core.engine_core
+    assert type(core.scheduler).__name__ == "AsyncScheduler"
+    assert core.batch_queue_size == 2 and core.step_fn.__name__ == "step_with_batch_queue"

@@ -88,7 +88,7 @@ def test_loader_rejects_unknown_fields_and_bad_json():
     assert "top-level field 'bogus' is not known" in err.value.problems
     with pytest.raises(ScenarioError, match="not valid JSON"):
         loads("{")
-    with pytest.raises(ScenarioError, match="version must be 1"):
+    with pytest.raises(ScenarioError, match="version must be one of 1, 2"):
         loads(json.dumps({**first_chunk_scenario().to_json(), "version": 7}))
     with pytest.raises(ScenarioError, match="top level must be an object"):
         loads("[1, 2]")

@@ -4,7 +4,8 @@ bookkeeping against it step by step.
 
 A minimal loop, like bench/harness_speed.py's `bare_run`: every sampled token and every draft is
 one constant token, drafts are accepted per the scenario's acceptance pattern, and the scheduler's
--1 placeholder drafts (a padded one-token prompt tail) are never accepted. No truth, no kernel
+-1 placeholder drafts (a padded one-token prompt tail) are never accepted unless, under async
+scheduling, the worker's drafter stands behind them. No truth, no kernel
 model, no oracle; KV-connector claims are not driven (the connector reports no tokens).
 """
 
@@ -17,10 +18,10 @@ from fuzz.checks.conform_rows import RowInput, RowPlan, StepInput
 from fuzz.checks.conform_v2 import V2Worker
 from fuzz.checks.conform_vllm import V1Worker
 from fuzz.model.scenario import Scenario, ample_pool_blocks
-from fuzz.model.step_plan import StepPlan, propose_drafts
+from fuzz.model.step_plan import StepPlan
 from fuzz.sim import vllm_bridge as vb
-
-CONST_TOKEN = 7
+from fuzz.sim.constant_worker import ConstantWorker
+from fuzz.sim.engine_core import BatchQueue
 
 
 @dataclass(frozen=True)
@@ -42,36 +43,36 @@ def _worker_for(runner: str, session: vb.SchedulerSession, num_blocks: int, max_
 
 
 def drive(s: Scenario, runners: tuple[str, ...] = ("v1", "v2")) -> Iterator[ConformStep]:
-    """Run `s` through the real scheduler; yield one ConformStep per engine step that ran rows,
-    with the RowPlans of every runner in `runners` ("v1", "v2")."""
+    """Run `s` through the real scheduler, under the engine core's loop for its scheduling mode
+    (fuzz.sim.engine_core.BatchQueue); yield one ConformStep per forward that ran rows, with the
+    RowPlans of every runner in `runners` ("v1", "v2"). Under async scheduling each row starts
+    where the worker really is and its placeholder drafts are the worker's own proposals
+    (fuzz.sim.constant_worker), as in the harness."""
     engine = s.engine
     num_blocks = engine.num_gpu_blocks or ample_pool_blocks(s)
-    session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None)
+    session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None, s.uses_connector)
     workers = [_worker_for(r, session, num_blocks, s.max_model_len()) for r in runners]
-    k = engine.num_speculative_tokens if engine.uses_spec_decode else 0
     plan = StepPlan.of(s)
     prompts = [s.prompt_tokens(i) for i in range(len(s.requests))]
-    accept_next: dict[str, int] = {}
+    queue = BatchQueue(session.batch_queue_depth)
+    bare = ConstantWorker(session, s, queue)
     for step in range(plan.bound):
-        if plan.done(step, session.has_unfinished()):
+        if plan.end(step, session.has_unfinished() or bool(queue)) is not None:
             return
         plan.feed(step, session, prompts)
-        out = session.schedule()
-        rows, sampled = [], {}
-        for rid, n in out.num_scheduled_tokens.items():
-            req = session.request(rid)
-            drafts = out.scheduled_spec_decode_tokens.get(rid, [])
-            done = req.num_computed_tokens - len(drafts) >= req.num_tokens  # schedule() advanced it
-            if done:
-                real = [d for d in drafts if d >= 0]
-                sampled[rid] = [CONST_TOKEN] * (min(accept_next.get(rid, k), len(real)) + 1)
-            rows.append(RowInput(rid, req.num_computed_tokens - n, n, len(drafts), req.num_prompt_tokens,
-                                 tuple(session.mamba_block_ids(rid)), len(sampled.get(rid, ())) or 1))
-        step_input = StepInput(tuple(rows), frozenset(out.finished_req_ids), frozenset(out.preempted_req_ids or ()),
-                               frozenset(out.scheduled_cached_reqs.resumed_req_ids or ()))
-        plans = tuple(p for w in workers for p in w.step(step_input))  # empty steps still drop requests
-        session.feed(out, sampled, set())
-        if k:
-            accept_next = propose_drafts(session, out.num_scheduled_tokens, step, s, CONST_TOKEN)
-        if rows:
-            yield ConformStep(step, step_input, plans)
+        ran: list[ConformStep] = []
+
+        def forward(batch, step=step, ran=ran) -> None:
+            out = batch.out
+            rows = tuple(RowInput(r.req_id, r.start, r.num_scheduled, r.num_drafts,
+                                  session.request(r.req_id).num_prompt_tokens,
+                                  tuple(session.mamba_block_ids(r.req_id)), r.num_sampled or 1)
+                         for r in bare.forward(batch, step))
+            step_input = StepInput(rows, frozenset(out.finished_req_ids), frozenset(out.preempted_req_ids or ()),
+                                   frozenset(out.scheduled_cached_reqs.resumed_req_ids or ()))
+            plans = tuple(p for w in workers for p in w.step(step_input))  # empty steps still drop requests
+            if rows:
+                ran.append(ConformStep(step, step_input, plans))
+
+        queue.step(session, forward, lambda batch, step=step: bare.apply(batch, step))
+        yield from ran

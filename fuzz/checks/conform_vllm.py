@@ -127,6 +127,12 @@ class V1Worker:
         # GPUModelRunner.calculate_reorder_batch_threshold: the min over builders (full attention's is None)
         self.reorder_threshold = min(b.reorder_batch_threshold for b in self.builders.values())
         self._sampling = greedy_sampling()
+        # Async scheduling (read from the scheduler's config): the accepted counts of the previous
+        # step reach the CPU by an asynchronous copy to the rows they were computed in (`_landing`),
+        # and `_prepare_inputs` gathers them through `prev_req_id_to_index` (`_prev_index`).
+        self.async_scheduling = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
+        self._landing: dict[int, int] = {}
+        self._prev_index: dict[str, int] = {}
 
     def _worker_config(self, hash_block_size: int, cache_hit_alignment_tokens: int) -> VllmConfig:
         """The worker's view of the config: its cache config carries the two fields the engine core
@@ -148,6 +154,8 @@ class V1Worker:
             return []
         ib = self.input_batch
         num_reqs = ib.num_reqs
+        if self.async_scheduling and self.num_spec > 0:
+            self._gather_async_accepted(num_reqs)
         ib.block_table.commit_block_table(num_reqs)
         pre = self._observe_copies(lambda: mamba_utils.preprocess_mamba(
             out, self.kv_cache_config, self.worker_config.cache_config, self.mamba_state_idx, ib,
@@ -163,6 +171,9 @@ class V1Worker:
             kwargs = dict(num_accepted_tokens=num_accepted, num_decode_draft_tokens_cpu=draft_counts)
         metadata = {name: b.build(0, cm, **kwargs) for name, b in self.builders.items()}
         post = self._postprocess(out, [rows[r] for r in order]) if self.num_spec > 0 else {}
+        if self.async_scheduling and self.num_spec > 0:
+            self._landing = {i: int(ib.num_accepted_tokens_cpu[i]) for i in range(num_reqs)}
+            self._prev_index = {rid: i for i, rid in enumerate(ib.req_ids[:num_reqs])}
         plans = []
         for name, md in metadata.items():
             interpret = _interpret_gdn if name == "gdn" else _interpret_mamba2
@@ -216,6 +227,21 @@ class V1Worker:
         ib.condense()
         reorder_batch_to_split_decodes_and_prefills(ib, out, decode_threshold=self.reorder_threshold)
         ib.refresh_metadata()
+
+    def _gather_async_accepted(self, num_reqs: int) -> None:
+        """`GPUModelRunner._prepare_inputs` under async scheduling in align mode (gpu_model_runner.py,
+        "Async mode: condense() reordered indices, use prev_positions mapping"): each row takes the
+        accepted count at its request's row of the previous step, a row new to the batch takes 1.
+        The previous step's counts land there after this step's condense() (the device-to-host copy
+        still runs while the next step's `_update_states` moves rows): the usual order on a GPU,
+        emulated by writing them back over what condense() moved. The other order, a copy that
+        lands first, is a timing race this tier does not model."""
+        ib = self.input_batch
+        for index, count in self._landing.items():
+            ib.num_accepted_tokens_cpu[index] = count
+        gathered = [int(ib.num_accepted_tokens_cpu[p]) if (p := self._prev_index.get(rid, -1)) >= 0 else 1
+                    for rid in ib.req_ids[:num_reqs]]
+        ib.num_accepted_tokens_cpu[:num_reqs] = gathered
 
     def _common_metadata(self, rows: Sequence[RowInput]) -> tuple[CommonAttentionMetadata, torch.Tensor]:
         """CommonAttentionMetadata as _build_attention_metadata fills it (synchronous scheduling,

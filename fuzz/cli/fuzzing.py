@@ -43,6 +43,10 @@ def add_commands(sub) -> None:
                         "random, the best attributed time to bug in bench/mutation_score.py (README, 'Mutation "
                         "testing'). --engine is the old name")
     f.add_argument("--runner", choices=("v1", "v2"), default=None, help=RUNNER_HELP)
+    f.add_argument("--scheduling", choices=("sync", "async", "default"), default=None,
+                   help="run every scenario with this scheduler and engine-core loop (sync, async, or default: "
+                        "vLLM's pick on a CUDA host); default: each generated scenario's own draw, which covers "
+                        "both modes")
     f.add_argument("--max-time", type=float, default=60.0, metavar="SECONDS", help="stop after this long (default 60)")
     f.add_argument("--runs", type=int, default=0, metavar="N", help="stop after N executions (0: no limit)")
     f.add_argument("--jobs", type=int, default=1, metavar="N", help="parallel workers sharing corpus and findings")
@@ -193,8 +197,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         minimize_budget=args.minimize_budget, rss_limit_mb=args.rss_limit_mb,
         libfuzzer_args=list(args.libfuzzer_args), quiet=args.quiet,
         stats_file=Path(args.stats) if args.stats else None, patches=patch_specs, known_fix_dirs=known_fix_dirs,
-        runner=args.runner, target=args.target)
+        runner=args.runner, target=args.target, scheduling=args.scheduling)
     runner = f", model runner {args.runner}" if args.runner else ""
+    if args.scheduling:
+        runner += f", {args.scheduling} scheduling"
     what = (f"the kernel model against vLLM's worker code on {args.runner or 'v1+v2'}" if args.target == "conform"
             else f"split {args.split}{runner}")
     print(f"fuzzing {what} with {args.generator} x{args.jobs} under {sys.executable}, "

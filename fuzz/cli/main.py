@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from fuzz.cli.options import RUNNER_HELP, SPLIT_HELP, add_patch_argument, patches_or_usage
+from fuzz.cli.options import RUNNER_HELP, SCHEDULING_HELP, SPLIT_HELP, add_patch_argument, patches_or_usage
 from fuzz.exit_codes import (
     EXIT_CLEAN,
     EXIT_FOUND,
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--split", default="fixed", help=SPLIT_HELP)
     add_patch_argument(r)
     r.add_argument("--runner", choices=("v1", "v2"), default=None, help=RUNNER_HELP)
+    r.add_argument("--scheduling", choices=("sync", "async", "default"), default=None, help=SCHEDULING_HELP)
     r.add_argument("--trace", action="store_true", help="print a step table: chunks, slot writes, new hashes")
     r.add_argument("--json", action="store_true", help="print one JSON object per file instead of text")
     r.add_argument("--no-differential", action="store_true", help="skip the prefix-caching-off run")
@@ -127,7 +128,7 @@ def _split_or_usage(name: str):
 
 def cmd_repro(args: argparse.Namespace) -> int:
     from fuzz.checks.pipeline import evaluate
-    from fuzz.model.scenario import ScenarioError, engine_realism_notes
+    from fuzz.model.scenario import ScenarioError, engine_realism_notes, with_scheduling
     from fuzz.store import corpus
     from fuzz.store.report import describe, step_table, trace_digest
 
@@ -150,14 +151,14 @@ def cmd_repro(args: argparse.Namespace) -> int:
             print(case.scenario.dumps(), end="")
             continue
         try:
-            ev = evaluate(case.scenario, args.split, differential=not args.no_differential,
+            ev = evaluate(with_scheduling(case.scenario, args.scheduling), args.split, differential=not args.no_differential,
                           strict_efficiency=args.strict_efficiency, patches=patches, runner=args.runner)
         except ScenarioError as exc:
             print(f"mambafuzz: {path}: {'; '.join(exc.problems)}", file=sys.stderr)
             worst = EXIT_USAGE
             continue
         # a patched vLLM is not the one `expected` describes
-        expected = None if patches else corpus.expected_for(case.expected, args.split, ev.trace.runner)
+        expected = None if patches or args.scheduling else corpus.expected_for(case.expected, args.split, ev.trace.runner)
         notes = engine_realism_notes(case.scenario.engine)
         if args.json:
             obj = describe(path, args.split, ev, expected)
@@ -167,7 +168,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
                 obj["digest"] = trace_digest(ev.trace)
             print(json.dumps(obj))
         else:
-            _print_text(path, f"{args.split}, runner {ev.trace.runner}", ev, expected, notes)
+            mode = "async" if ev.trace.async_scheduling else "sync"
+            _print_text(path, f"{args.split}, runner {ev.trace.runner}, {mode}", ev, expected, notes)
             if args.trace:
                 print(step_table(ev.trace))
             if args.digest:

@@ -15,6 +15,11 @@ RUNNER_HELP = ("vLLM model runner the kernel model mirrors: v1 (gpu_model_runner
                "(gpu/model_runner.py); default: the scenario's engine.runner, else what vLLM 0.32 picks on a "
                "CUDA host for its config (v2 for every config the scenarios express)")
 
+SCHEDULING_HELP = ("scheduler and engine-core loop to drive: sync (Scheduler, EngineCore.step), async "
+                   "(AsyncScheduler, EngineCore.step_with_batch_queue, 2 batches in flight) or default (what vLLM "
+                   "0.32 picks on a CUDA host: async); default: the scenario's engine.async_scheduling (a "
+                   "version-1 file: sync)")
+
 PATCH_HELP = ("apply a candidate fix to the installed vLLM for these runs: path/to/fix.py (its PATCHES) or "
               "package.module:NAME (a list of fuzz.sim.patching patches, or a function returning one); repeatable")
 

@@ -184,13 +184,24 @@ def harness_schedule(s: Scenario, split_fn: Any, split_name: str) -> tuple[list[
 
 
 def schedule_diff(engine: list[dict[str, int]], harness: list[dict[str, int]]) -> str | None:
-    """The first step where the two schedules differ, in words, or None."""
+    """The first step where the two schedules differ, in words, or None. Trailing steps that
+    schedule nothing are not compared: under async scheduling the engine core still drains its
+    batch queue after the last request finished, which the replay (stepping while the engine has
+    unfinished requests) does not wait for."""
+    engine, harness = _without_trailing_idle(engine), _without_trailing_idle(harness)
     for step in range(max(len(engine), len(harness))):
         a = engine[step] if step < len(engine) else None
         b = harness[step] if step < len(harness) else None
         if a != b:
             return f"step {step}: engine scheduled {a}, harness {b}"
     return None
+
+
+def _without_trailing_idle(schedule: list[dict[str, int]]) -> list[dict[str, int]]:
+    end = len(schedule)
+    while end and not schedule[end - 1]:
+        end -= 1
+    return schedule[:end]
 
 
 # ---- the verdict ----------------------------------------------------------------------

@@ -21,11 +21,12 @@ their C++ versions, since `HAS_TRITON` stays False.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import types
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,9 @@ class EngineSpec:
     enable_mamba_shared_prefix_checkpoint: bool
     spec_method: str | None = None  # speculative decoding (the tiny model ships MTP weights)
     num_speculative_tokens: int = 0
+    # AsyncScheduler under EngineCore.step_with_batch_queue; the CPU platform turns it off, and
+    # `_start` keeps it on (`_async_scheduling_on_cpu`): the uniproc executor supports it
+    async_scheduling: bool = False
 
     @classmethod
     def for_scenario(cls, s: Scenario, prefix_caching: bool) -> EngineSpec:
@@ -84,6 +88,7 @@ class EngineSpec:
             enable_mamba_shared_prefix_checkpoint=e.enable_mamba_shared_prefix_checkpoint,
             spec_method=e.spec_method if e.uses_spec_decode else None,
             num_speculative_tokens=e.num_speculative_tokens if e.uses_spec_decode else 0,
+            async_scheduling=_resolved_async(e),
         )
 
     def engine_args(self, model: str) -> dict[str, Any]:
@@ -92,7 +97,7 @@ class EngineSpec:
             block_size=self.block_size, enable_prefix_caching=self.prefix_caching,
             max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
-            max_model_len=self.max_model_len, enable_chunked_prefill=True, async_scheduling=False,
+            max_model_len=self.max_model_len, enable_chunked_prefill=True, async_scheduling=self.async_scheduling,
             disable_log_stats=os.environ.get("MAMBAFUZZ_ENGINE_STATS") != "1", seed=0,
         )
         if self.prefix_caching:
@@ -151,6 +156,9 @@ def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
                 "with kv_connector_module_path='fuzz.sim.connector' starts and schedules sync hits), but its worker "
                 "side loads nothing (no KV, no mamba state) and never reports async loads done, so the engine "
                 "would compute from garbage or wait forever")
+    if any(r.abort_in_flight for r in s.requests):
+        return ("an abort that arrives while a batch executes: the in-process engine takes aborts between steps "
+                "(LLMEngine.abort_request), never from the aborts queue inside one")
     if not prefix_caching:
         return None
     floor = min_block_size()
@@ -296,7 +304,7 @@ def _start(spec: EngineSpec) -> EngineHandle:
         logging.getLogger(name).setLevel(logging.ERROR)
     t0 = time.monotonic()
     try:
-        with triton_cpu.interpreting():
+        with triton_cpu.interpreting(), _async_scheduling_on_cpu(spec.async_scheduling):
             engine = LLMEngine.from_engine_args(EngineArgs(**spec.engine_args(str(ensure_model()))))
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -313,6 +321,38 @@ def _start(spec: EngineSpec) -> EngineHandle:
                                f"mamba {got.mamba_block_size}")
     _observe_schedule(handle)
     return handle
+
+
+def _resolved_async(e: Any) -> bool:
+    """The scenario's scheduling mode, vLLM's CUDA default for an unset one (the harness's rule)."""
+    if e.async_scheduling is not None:
+        return bool(e.async_scheduling)
+    from fuzz.sim import vllm_bridge as vb
+
+    return vb.default_async_scheduling(vb.vllm_config_for(e, SHARED_MAX_MODEL_LEN))
+
+
+@contextlib.contextmanager
+def _async_scheduling_on_cpu(wanted: bool) -> Iterator[None]:
+    """Keep async scheduling on through `CpuPlatform.check_and_update_config`, which turns it off
+    unconditionally (platforms/cpu.py: "async scheduling is not required on CPU"). With it on, a
+    CPU engine builds the AsyncScheduler and steps with the batch queue (step_with_batch_queue)."""
+    if not wanted:
+        yield
+        return
+    from fuzz.sim.vllm_compat.api import CpuPlatform as cls
+    original = cls.__dict__["check_and_update_config"]
+
+    def keep_async(platform_cls: Any, vllm_config: Any) -> None:
+        asked = vllm_config.scheduler_config.async_scheduling
+        original.__func__(platform_cls, vllm_config)
+        vllm_config.scheduler_config.async_scheduling = asked
+
+    cls.check_and_update_config = classmethod(keep_async)
+    try:
+        yield
+    finally:
+        cls.check_and_update_config = original
 
 
 def _interpret_steps(engine: Any) -> None:

@@ -144,14 +144,14 @@ DRAWN_HERE = frozenset({
     "mamba_block_size", "attn_block_size", "prefix_match_unit", "max_num_batched_tokens",
     "long_prefill_token_threshold", "max_num_seqs", "spec_method", "num_speculative_tokens",
     "num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment", "enable_mamba_shared_prefix_checkpoint",
-    "prefix_cache_retention_interval", "num_gpu_blocks",
+    "prefix_cache_retention_interval", "num_gpu_blocks", "async_scheduling",
 })
 
 
 def _draw_knob(src: Source, k: Knob) -> object:
     """A value from a knob's declared range: its simplest value half of the time."""
     if k.kind == "bool":
-        return src.bool()
+        return None if k.optional and src.bool() else src.bool()
     if k.kind == "choice":
         return _pick(src, k.choices)
     if k.optional and src.bool():
@@ -195,6 +195,12 @@ def draw_scenario(src: Source) -> Scenario:
     if src.int(0, 3) == 0:
         lo, hi = min_pool_blocks(scenario), ample_pool_blocks(scenario)
         engine.num_gpu_blocks = min(src.int(lo, lo + max(1, (hi - lo) // 4)), 4096)
+    # Drawn last, so every earlier draw (and an input recorded before the knob existed) decodes
+    # as it did: vLLM's default (async in 0.32) half of the time, each explicit mode a quarter.
+    engine.async_scheduling = _draw_knob(src, knobs()["async_scheduling"])
+    for req in requests:
+        if req.abort_step is not None:
+            req.abort_in_flight = src.bool()
     return scenario
 
 

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FORMAT_NAME = "mambafuzz-scenario"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 1 predates `engine.async_scheduling`: every version-1 file was found and recorded under
+# vLLM's synchronous Scheduler, so it loads with the knob false (never with vLLM's async default).
+READABLE_VERSIONS = (1, 2)
 
 # Token ids live in [1, VOCAB_SIZE); the tiny model config ships a vocab this large.
 VOCAB_SIZE = 1024
@@ -105,6 +108,12 @@ class EngineConfig:
     # the campaign's --runner (or vLLM's default) decides it.
     runner: str | None = knob(None, kind="choice", choices=RUNNERS, optional=True, simplest=None, build_key=False,
                               generate=False)
+    # The scheduler class and how the engine core drives it. True: vLLM's AsyncScheduler with a batch
+    # queue (EngineCore.step_with_batch_queue); False: Scheduler, one batch at a time (EngineCore.step);
+    # None: what vLLM picks for this config on a CUDA host (vllm_bridge.default_async_scheduling), async
+    # in 0.32 for every config here. The minimizer moves it to vLLM's default: a case that still fails
+    # there is one every default deployment can hit.
+    async_scheduling: bool | None = knob(None, kind="bool", optional=True, simplest=None)
 
     def without_prefix_caching(self) -> EngineConfig:
         """The same engine with prefix caching off: the differential's twin."""
@@ -138,6 +147,11 @@ class RequestSpec:
     external_tokens: int = 0  # prompt tokens a KV connector claims to hold
     external_async: bool = False
     abort_step: int | None = None
+    # Where the engine core takes the abort: False, from its input queue before the step's
+    # schedule(); True, it arrived while a batch executed, so the aborts queue delivers it right
+    # before the next update_from_output (EngineCore.step and step_with_batch_queue both drain it
+    # there), or at the next step's input when that step applies no output.
+    abort_in_flight: bool = False
 
 
 @dataclass
@@ -170,6 +184,11 @@ class Scenario:
     def prompt_len(self, index: int) -> int:
         spec = self.requests[index]
         return sum(self.prefixes[p] for p in spec.prefix_ids) + spec.unique_len
+
+    @property
+    def uses_connector(self) -> bool:
+        """Some request claims KV-connector tokens: the engine needs a KV connector configured."""
+        return any(r.external_tokens for r in self.requests)
 
     def max_model_len(self) -> int:
         longest = max((self.prompt_len(i) + r.max_tokens for i, r in enumerate(self.requests)), default=1)
@@ -255,13 +274,17 @@ def from_json(raw: Any) -> Scenario:
         raise ScenarioError([f"top level must be an object, got {type(raw).__name__}"])
     if raw.get("format") != FORMAT_NAME:
         problems.append(f"format must be {FORMAT_NAME!r}, got {raw.get('format')!r}")
-    if raw.get("version") != FORMAT_VERSION:
-        problems.append(f"version must be {FORMAT_VERSION}, got {raw.get('version')!r}")
+    version = raw.get("version")
+    if version not in READABLE_VERSIONS:
+        problems.append(f"version must be one of {', '.join(map(str, READABLE_VERSIONS))}, got {version!r}")
     known = {"format", "version", "engine", "prefixes", "requests", "acceptance", "token_seed", "expected", "note", "origin", "finding",
              "engine_confirmation", "expected_by_vllm"}
     for name in sorted(set(raw) - known):
         problems.append(f"top-level field {name!r} is not known")
-    engine = _build(EngineConfig, raw.get("engine", {}), "engine", _ENGINE_FIELDS, problems)
+    engine_raw = raw.get("engine", {})
+    if version == 1 and isinstance(engine_raw, dict) and "async_scheduling" not in engine_raw:
+        engine_raw = {**engine_raw, "async_scheduling": False}
+    engine = _build(EngineConfig, engine_raw, "engine", _ENGINE_FIELDS, problems)
     reqs_raw = raw.get("requests", [])
     if not isinstance(reqs_raw, list):
         problems.append("requests must be a list")
@@ -307,8 +330,8 @@ def validate(s: Scenario) -> list[str]:
         value = getattr(e, name)
         if k.kind == "int":
             _check_int(p, f"engine.{name}", value, k.lo, k.hi, optional=k.optional)
-        elif k.kind == "bool" and not isinstance(value, bool):
-            p.append(f"engine.{name} must be true or false")
+        elif k.kind == "bool" and not isinstance(value, bool) and not (value is None and k.optional):
+            p.append(f"engine.{name} must be true or false{' or null' if k.optional else ''}")
         elif k.kind == "choice" and value not in k.choices and not (value is None and k.optional):
             either = "null or one of" if k.optional else "one of"
             p.append(f"engine.{name} must be {either} {', '.join(k.choices)}, got {value!r}")
@@ -355,6 +378,10 @@ def validate(s: Scenario) -> list[str]:
         _check_int(p, f"{w}.abort_step", r.abort_step, 0, MAX_STEPS_ARRIVAL + MAX_PROMPT_TOKENS, optional=True)
         if not isinstance(r.external_async, bool):
             p.append(f"{w}.external_async must be true or false")
+        if not isinstance(r.abort_in_flight, bool):
+            p.append(f"{w}.abort_in_flight must be true or false")
+        elif r.abort_in_flight and r.abort_step is None:
+            p.append(f"{w}.abort_in_flight needs an abort_step")
         if not isinstance(r.prefix_ids, list) or any(
             isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < len(s.prefixes) for x in r.prefix_ids
         ):
@@ -419,6 +446,19 @@ def with_runner(s: Scenario, runner: str | None) -> Scenario:
     if runner not in RUNNERS:
         raise ScenarioError([f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}"])
     return dataclasses.replace(s, engine=dataclasses.replace(s.engine, runner=runner))
+
+
+SCHEDULING_MODES = {"sync": False, "async": True, "default": None}  # --scheduling -> engine.async_scheduling
+
+
+def with_scheduling(s: Scenario, mode: str | None) -> Scenario:
+    """`s` under another scheduling mode (None: keep the scenario's own): "sync" (vLLM's Scheduler,
+    one batch at a time), "async" (AsyncScheduler under a batch queue) or "default" (vLLM's pick)."""
+    if mode is None:
+        return s
+    if mode not in SCHEDULING_MODES:
+        raise ScenarioError([f"scheduling must be one of {', '.join(SCHEDULING_MODES)}, got {mode!r}"])
+    return dataclasses.replace(s, engine=dataclasses.replace(s.engine, async_scheduling=SCHEDULING_MODES[mode]))
 
 
 def ample_pool_blocks(s: Scenario) -> int:

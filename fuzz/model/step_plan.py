@@ -18,7 +18,9 @@ BOUND = "bound"  # still going at the liveness bound: the run stalled
 class StepPlan:
     ids: list[str]
     arrivals_at: dict[int, list[int]] = field(default_factory=dict)  # step -> request indexes
-    aborts_at: dict[int, list[str]] = field(default_factory=dict)  # step -> request ids
+    aborts_at: dict[int, list[str]] = field(default_factory=dict)  # step -> request ids (input queue)
+    # step -> request ids whose abort arrives while that step's batch executes (the aborts queue)
+    in_flight_aborts_at: dict[int, list[str]] = field(default_factory=dict)
     last_arrival: int = -1
     bound: int = 0  # the liveness bound: a run still going at this step has stalled
     max_tokens: list[int] = field(default_factory=list)
@@ -29,7 +31,8 @@ class StepPlan:
         for i, (rid, r) in enumerate(zip(plan.ids, s.requests, strict=True)):
             plan.arrivals_at.setdefault(r.arrival_step, []).append(i)
             if r.abort_step is not None:
-                plan.aborts_at.setdefault(r.abort_step, []).append(rid)
+                due = plan.in_flight_aborts_at if r.abort_in_flight else plan.aborts_at
+                due.setdefault(r.abort_step, []).append(rid)
         plan.last_arrival = max((r.arrival_step for r in s.requests), default=-1)
         return plan
 
@@ -42,6 +45,11 @@ class StepPlan:
     def aborts(self, step: int, running: Callable[[str], bool]) -> list[str]:
         """The requests aborted at `step` that are still `running` (arrived, not finished)."""
         due = self.aborts_at.get(step)
+        return [rid for rid in due if running(rid)] if due else []
+
+    def in_flight_aborts(self, step: int, running: Callable[[str], bool]) -> list[str]:
+        """The requests whose abort arrives while `step`'s batch executes, still `running`."""
+        due = self.in_flight_aborts_at.get(step)
         return [rid for rid in due if running(rid)] if due else []
 
     def done(self, step: int, has_unfinished: bool) -> bool:
@@ -60,7 +68,11 @@ class StepPlan:
         state of its own per request (the speed bench, the conformance driver)."""
         for i, rid in self.arrivals(step):
             session.add_request(rid, prompts[i], self.max_tokens[i], float(step))
-        aborts = self.aborts(step, lambda rid: (req := session.request(rid)) is not None and not req.is_finished())
+        def running(rid: str) -> bool:
+            return (req := session.request(rid)) is not None and not req.is_finished()
+
+        # a loop without a batch queue of its own takes an in-flight abort at the step's input
+        aborts = self.aborts(step, running) + self.in_flight_aborts(step, running)
         if aborts:
             session.abort(aborts)
 

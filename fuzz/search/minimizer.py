@@ -24,7 +24,8 @@ def complexity(s: Scenario) -> tuple:
     requests, steps, tokens = s.size()
     e = s.engine
     knobs = sum(getattr(e, f.name) != getattr(_DEFAULT_ENGINE, f.name) for f in dataclasses.fields(e))
-    extras = sum(bool(r.external_tokens) + (r.abort_step is not None) + r.external_async for r in s.requests)
+    extras = sum(bool(r.external_tokens) + (r.abort_step is not None) + r.external_async + r.abort_in_flight
+                 for r in s.requests)
     return (requests, tokens, steps, len(s.prefixes), extras, knobs, len(s.acceptance), s.token_seed,
             e.mamba_block_size, e.max_num_batched_tokens, e.num_speculative_tokens, e.max_num_seqs,
             e.long_prefill_token_threshold, sum(s.acceptance))
@@ -125,6 +126,11 @@ def _simplify_engine(s: Scenario) -> Iterator[Scenario]:
         if r.abort_step is not None:
             c = copy.deepcopy(s)
             c.requests[r_i].abort_step = None
+            c.requests[r_i].abort_in_flight = False
+            yield c
+        if r.abort_in_flight:
+            c = copy.deepcopy(s)
+            c.requests[r_i].abort_in_flight = False
             yield c
         if r.external_async:
             c = copy.deepcopy(s)

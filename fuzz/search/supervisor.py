@@ -71,6 +71,7 @@ class CampaignConfig:
     patches: list[str] = field(default_factory=list)  # --patch specs every worker applies
     known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: apply these bugs' fixes
     runner: str | None = None  # --runner: the model runner every scenario is run on
+    scheduling: str | None = None  # --scheduling: the scheduling mode every scenario is run in
     target: str = "scheduler"  # --target: what judges an input (worker_protocol.TARGETS)
 
 
@@ -100,7 +101,8 @@ def worker_config(cfg: CampaignConfig, job: int, deadline: float = 0.0) -> Worke
     base = WorkerConfig(target=cfg.target, split=cfg.split, findings=str(cfg.findings), generator=cfg.generator,
                         stop_on_first=cfg.stop_on_first, minimize_budget=cfg.minimize_budget,
                         known_dirs=[str(d) for d in cfg.known_dirs], patches=list(cfg.patches),
-                        known_fix_dirs=list(cfg.known_fix_dirs), runner=cfg.runner, deadline=deadline)
+                        known_fix_dirs=list(cfg.known_fix_dirs), runner=cfg.runner, deadline=deadline,
+                        scheduling=cfg.scheduling)
     if cfg.generator != "random":
         return base
     base.seed = cfg.seed + job

@@ -22,7 +22,7 @@ from typing import NoReturn
 from fuzz.checks.pipeline import evaluate
 from fuzz.exit_codes import EXIT_TOOL, ToolError
 from fuzz.model.inputs import decode_input
-from fuzz.model.scenario import Scenario, ScenarioError, with_runner
+from fuzz.model.scenario import Scenario, ScenarioError, with_runner, with_scheduling
 from fuzz.search.worker_protocol import WorkerConfig, emit
 from fuzz.store.corpus import atomic_write, content_name
 from fuzz.store.finding_store import Filed, FindingStore, known_signatures
@@ -71,7 +71,7 @@ class Runtime:
         """Judge once; file a finding if any.  Returns True when a new finding was filed."""
         try:
             # every scenario runs on the campaign's runner, so a filed finding replays on it
-            scenario = with_runner(scenario, self.config.runner)
+            scenario = with_scheduling(with_runner(scenario, self.config.runner), self.config.scheduling)
             found = self._judge(scenario)
             self.execs += 1
             filed = None

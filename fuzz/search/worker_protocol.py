@@ -49,6 +49,7 @@ class WorkerConfig:
     known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: these known bugs' fixes
     runner: str | None = None  # v1 | v2: every scenario runs on it; None: each scenario's own engine.runner
     # (conform target: the runner checked; None: both)
+    scheduling: str | None = None  # sync | async | default: every scenario runs so; None: each scenario's own
     # the random generator's own loop (libFuzzer workers take these as libFuzzer flags instead)
     seed: int = 0
     max_time: float = 0.0

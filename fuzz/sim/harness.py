@@ -16,7 +16,8 @@ import os
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from fuzz.checks.block_audit import BlockAuditor
@@ -25,10 +26,11 @@ from fuzz.model.scenario import VOCAB_SIZE, Scenario, ScenarioError, ample_pool_
 from fuzz.model.step_plan import BOUND, StepPlan
 from fuzz.sim import vllm_bridge as vb
 from fuzz.sim.connector import ExternalHit
+from fuzz.sim.engine_core import Batch, BatchQueue
 from fuzz.sim.hash_book import HashBook
 from fuzz.sim.kernel_model import KernelGeometry, KernelModel
 from fuzz.sim.state import PrefixStates, next_token
-from fuzz.sim.trace import Admission, Chunk, Crash, SlotWrite, StepRecord, Trace
+from fuzz.sim.trace import Admission, BatchEvent, Chunk, Crash, SlotWrite, StepRecord, Trace
 from fuzz.sim.vllm_compat import VllmUnsupported
 from fuzz.sim.worker_mirror import WorkerMirror, accepted_count, extend_truth
 
@@ -42,6 +44,15 @@ class _Live:
     req: Any  # vLLM's Request (the session keeps it after vLLM drops it)
     first_chunk_pending: bool = False
     prefill_len: int = 0  # tokens at the last (re)admission: V2's `prefill_len`
+    # Tokens the worker holds for the request: the scheduler's count at (re)admission (V1
+    # `_update_states` recovers a resumed request's outputs from `all_token_ids`; V2 re-adds it
+    # whole), then each forward's sampled tokens. Under async scheduling it runs ahead of vLLM's
+    # Request, which learns a batch's tokens only when the engine core applies its output.
+    known: int = 0
+    # Async scheduling: the drafts the worker's drafter proposed after the request's last row. The
+    # scheduler schedules `-1` placeholders (AsyncScheduler._update_after_schedule) and the worker
+    # feeds its own proposals in their place.
+    drafts: list[int] = field(default_factory=list)
 
 
 def vllm_frame(exc: BaseException) -> str:
@@ -62,6 +73,13 @@ class SchedulerContractError(Exception):
 
 
 SCHEDULER_OUTPUT = "scheduler-output"  # the location of a SchedulerContractError
+STALE_DELIVERY = "stale-delivery"  # ... raised on a stale delivery that moved a preempted request
+
+
+class StaleDeliveryError(SchedulerContractError):
+    """update_from_output applied a batch's output to a request preempted after that batch was
+    scheduled, and moved its counters: the stale share must change nothing (AsyncScheduler
+    `_update_request_with_output(is_stale=True)`, Scheduler.update_from_output's stale branch)."""
 
 
 class HarnessError(ToolError):
@@ -109,7 +127,7 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
                   token_budget=engine.max_num_batched_tokens,
                   long_prefill_threshold=engine.long_prefill_token_threshold)
     try:
-        session = vb.SchedulerSession(engine, num_blocks, scenario.max_model_len(), split)
+        session = vb.SchedulerSession(engine, num_blocks, scenario.max_model_len(), split, scenario.uses_connector)
     except vb.ConfigRejected as exc:
         raise ScenarioError([str(exc)]) from None
     except VllmUnsupported:
@@ -118,6 +136,7 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
         trace.crash = _crash_or_tool_error(exc, -1)
         return trace
     trace.runner = session.runner
+    trace.async_scheduling, trace.batch_queue_depth = session.async_scheduling, session.batch_queue_depth
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     runner = _Runner(scenario, plan, session, trace, prefix_caching, time.monotonic() + timeout)
     use_alarm = timeout > 0 and threading.current_thread() is threading.main_thread()
@@ -174,6 +193,12 @@ class _Runner:
         self._scanned_blocks: set[int] = set()
         self._scanned_version = -1
         self.accepted_reset: set[str] = set()  # V1 forgot their accepted count; not scheduled since
+        self.async_mode = session.async_scheduling
+        self.queue = BatchQueue(session.batch_queue_depth)  # the engine core's batches in flight
+        self._in_flight_step = -1
+        self.in_flight_aborts: list[str] = []  # delivered by the aborts queue at the next update
+        if self.async_mode:
+            session.cache_keys_version()  # install the key watch before the first schedule()
         self.connector = session.connector if prefix_caching else None  # it sees nothing without prefix caching
         if self.connector is not None:
             self.connector.plan = {
@@ -186,35 +211,77 @@ class _Runner:
         step = 0
         try:
             while True:
-                end = self.plan.end(step, self.session.has_unfinished())
+                end = self.plan.end(step, self.session.has_unfinished() or bool(self.queue))
                 if end is not None:
                     self.trace.hit_bound = end == BOUND
                     break
                 if time.monotonic() > self.deadline:
                     self.trace.timed_out = True
                     break
-                self._step(step)
+                self._engine_step(step)
                 step += 1
         except _WallClockExceeded:
             self.trace.timed_out = True
         except VllmUnsupported:
             raise
         except SchedulerContractError as exc:
-            self.trace.crash = Crash("SchedulerContract", str(exc), SCHEDULER_OUTPUT, step)
+            where = STALE_DELIVERY if isinstance(exc, StaleDeliveryError) else SCHEDULER_OUTPUT
+            self.trace.crash = Crash("SchedulerContract", str(exc), where, step)
         except Exception as exc:
             self.trace.crash = _crash_or_tool_error(exc, step)
         if self.prefix_caching and self.trace.crash is None and not self.trace.timed_out:
             self._check_audit_view()
         for rid in self.ids:
             req = self.session.request(rid)
-            if rid in self.live:
-                self.trace.outputs[rid] = self.live[rid].truth.tokens[self.s.prompt_len(self.live[rid].index):]
+            if rid in self.live:  # what vLLM's Request kept: a worker may run past a stop under async
+                self.trace.outputs[rid] = self.live[rid].truth.tokens[self.s.prompt_len(self.live[rid].index):req.num_tokens]
             if req is not None and not req.is_finished():
                 self.trace.unfinished.append(rid)
 
-    def _step(self, step: int) -> None:
+    def _engine_step(self, step: int) -> None:
+        """One engine-core step (fuzz.sim.engine_core.BatchQueue): take the input queue, then
+        `EngineCore.step` (schedule, forward, apply) or, under async scheduling,
+        `EngineCore.step_with_batch_queue` (schedule and start the forward while the queue has
+        room, else apply the oldest batch's output)."""
         rec = StepRecord(step)
         self.trace.steps.append(rec)
+        self._take_input(rec, step)
+        session = self.session
+        event = None
+        if self.async_mode:
+            event = self.trace.batches[step] = BatchEvent(in_flight=len(self.queue.in_flight))
+            session.take_inserted()
+        waiting = sorted(rid for rid in self.unadmitted if self._running(rid)) if self.unadmitted else ()
+
+        def forward(batch: Batch) -> None:
+            if event is not None:
+                event.scheduled, event.published = batch.index, tuple(session.take_inserted())
+            self._forward(rec, batch, waiting)
+            self._take_in_flight_aborts(step)
+            if event is not None:
+                event.in_flight = len(self.queue.in_flight) + 1
+
+        def apply(batch: Batch) -> None:
+            self._take_in_flight_aborts(step)
+            if event is not None:
+                session.take_inserted()
+            self._apply(rec, batch)
+            if event is not None:
+                event.applied, event.published_on_update = batch.index, tuple(session.take_inserted())
+
+        self.queue.step(session, forward, apply)
+        self._take_in_flight_aborts(step)  # a step that ran no batch: they wait for the next input
+        if self.prefix_caching:
+            self._audit_cache(rec)
+
+    def _take_in_flight_aborts(self, step: int) -> None:
+        """Aborts that arrive while `step`'s batch executes join the aborts queue (once a step)."""
+        if self._in_flight_step != step:
+            self._in_flight_step = step
+            self.in_flight_aborts += self.plan.in_flight_aborts(step, self._running)
+
+    def _take_input(self, rec: StepRecord, step: int) -> None:
+        """What the engine core's input queue delivers before a step: arrivals, then aborts."""
         session = self.session
         for i, rid in self.plan.arrivals(step):
             r = self.s.requests[i]
@@ -223,15 +290,28 @@ class _Runner:
             self.live[rid] = _Live(i, truth, session.request(rid))
             self.unadmitted.add(rid)
             rec.arrivals.append(rid)
+            if self.async_mode and self.prefix_caching:
+                # schedule() may publish the prompt's blocks before any output of this request is
+                # applied (the audit's book otherwise learns hashes after update_from_output)
+                self.book.learn(rid, session.request(rid).block_hashes, truth)
         aborts = self.plan.aborts(step, self._running)
+        if self.in_flight_aborts:  # arrived during the last step's batch, which applied no output
+            aborts += [rid for rid in self.in_flight_aborts if self._running(rid) and rid not in aborts]
+            self.in_flight_aborts = []
         if aborts:
-            session.abort(aborts)
-            rec.aborts = aborts
-            for rid in aborts:
-                self.trace.finish_status[rid] = "FINISHED_ABORTED"
+            self._abort(rec, aborts)
 
-        waiting_before = sorted(rid for rid in self.unadmitted if self._running(rid)) if self.unadmitted else ()
-        out = session.schedule()
+    def _abort(self, rec: StepRecord, aborts: list[str]) -> None:
+        self.session.abort(aborts)
+        rec.aborts = rec.aborts + aborts if rec.aborts else aborts
+        for rid in aborts:
+            self.trace.finish_status[rid] = "FINISHED_ABORTED"
+
+    def _forward(self, rec: StepRecord, batch: Batch, waiting_before: Sequence[str]) -> None:
+        """The worker's forward of a batch vLLM just scheduled, on the kernel model; `waiting_before`
+        are the requests that could be admitted by that schedule()."""
+        session = self.session
+        out = batch.out
         connector_orders = self._drain_connector() if self.connector is not None else {}
 
         mirror = self.mirror
@@ -255,21 +335,25 @@ class _Runner:
             rec.admissions.append(Admission(rid, start - ext, ext, bool(order and order.load_async)))
             self.trace.prefix_hit_tokens += start - ext
             self.unadmitted.discard(rid)
-            self.live[rid].first_chunk_pending = True
-            self.live[rid].prefill_len = req.num_tokens
+            live = self.live[rid]
+            live.first_chunk_pending = True
+            live.prefill_len = live.known = req.num_tokens
+            live.drafts = []  # a (re)added request has no proposals on the worker
             if order is not None and not order.load_async:
                 self._connector_load(rec, rid, start)
 
-        sampled: dict[str, list[int]] = {}
+        sampled = batch.sampled
+        correction = self.queue.worker_corrections(session, out) if self.async_mode else {}
         if scheduled:
             self.trace.forward_steps += 1
         if self.spec:  # accepted-token counts exist only in a spec-decode engine
             self.accepted_reset.update(mirror.begin_step(scheduled))
             for rid in self.accepted_reset.intersection(scheduled):
-                self.trace.after_accepted_reset.add((step, rid))
+                self.trace.after_accepted_reset.add((rec.step, rid))
                 self.accepted_reset.discard(rid)
         for rid in scheduled:  # dict order is the batch order vLLM built
-            sampled[rid] = self._run_row(rec, rid, scheduled[rid], spec_tokens.get(rid, []))
+            sampled[rid] = self._run_row(rec, rid, scheduled[rid], spec_tokens.get(rid, []), batch,
+                                         correction.get(rid, 0))
 
         recv_done = {rid for rid, o in connector_orders.items() if o.load_async} if connector_orders else set()
         if recv_done:
@@ -278,11 +362,32 @@ class _Runner:
                 if req is not None and vb.is_waiting_for_remote_kv(req):
                     self._connector_load(rec, rid, req.num_computed_tokens)
             rec.recv_done = sorted(recv_done)
+        batch.recv_done = recv_done
 
-        session.feed(out, sampled, recv_done)
-        self._after_update(rec, scheduled)
-        if self.prefix_caching:
-            self._audit_cache(rec)
+    def _apply(self, rec: StepRecord, batch: Batch) -> None:
+        """The engine core hands a batch's output to the scheduler (`update_from_output`), after the
+        aborts that arrived while it executed (`EngineCore._process_aborts_queue`)."""
+        if self.in_flight_aborts:
+            aborts = [rid for rid in self.in_flight_aborts if self._running(rid)]
+            self.in_flight_aborts = []
+            if aborts:
+                self.trace.in_flight_aborts.update((rec.step, rid) for rid in aborts)
+                self._abort(rec, aborts)
+        session = self.session
+        before = {}
+        for rid in batch.stale:
+            req = session.request(rid)
+            if req is not None and not req.is_finished():
+                before[rid] = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
+        session.feed(batch.out, batch.sampled, batch.recv_done)
+        for rid, counts in before.items():
+            req = session.request(rid)
+            now = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
+            if now != counts and not req.is_finished():
+                raise StaleDeliveryError(
+                    f"batch {batch.index}'s stale output for {rid} (preempted after it was scheduled) moved "
+                    f"num_computed_tokens/num_output_placeholders from {counts} to {now}")
+        self._after_update(rec, batch.scheduled)
 
     # ---- pieces ----------------------------------------------------------------------
     def _running(self, rid: str) -> bool:
@@ -301,15 +406,25 @@ class _Runner:
         block = self.mirror.load((self.session.mamba_block_ids(rid),), num_tokens, state)
         rec.writes.append(SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
 
-    def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int]) -> list[int]:
+    def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int], batch: Batch,
+                 correction: int = 0) -> list[int]:
         live = self.live[rid]
         req, truth = live.req, live.truth
         num_drafts = len(drafts)
-        start = req.num_computed_tokens - n  # schedule() already advanced it
+        # schedule() already advanced the count; under async it also counted the previous batch's
+        # drafts as accepted, which the worker corrects (`correction`, BatchQueue.worker_corrections)
+        start = req.num_computed_tokens - n - correction
+        if self.async_mode:
+            if drafts:  # placeholders: the worker feeds its drafter's proposals in their place
+                own = live.drafts[:num_drafts]
+                drafts = own + drafts[len(own):]
+        else:
+            live.known = req.num_tokens
+        known = live.known
         end = start + n - num_drafts  # the row's real tokens end here; its drafts follow
-        if not 0 <= start <= end <= len(truth.tokens):
+        if not 0 <= start <= end <= known:
             raise SchedulerContractError(f"{rid} is scheduled for tokens {start}..{end} "
-                                         f"(+{num_drafts} drafts) but has {len(truth.tokens)} tokens")
+                                         f"(+{num_drafts} drafts) but has {known} tokens")
         tables = (self.session.mamba_block_ids(rid),)
         num_prompt = req.num_prompt_tokens
         spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, truth, num_prompt,
@@ -324,12 +439,21 @@ class _Runner:
         recorded = rec.writes
         for col, block, state, cause in writes:
             recorded.append(SlotWrite(rid, col, block, state, cause))
-        if end < req.num_tokens:  # a partial prefill samples nothing
+        if end < known:  # a partial prefill samples nothing
             sampled: list[int] = []
         elif not drafts:
             sampled = [outputs[-1]]
         else:
             sampled = self._accept(outputs[-num_drafts - 1 :], drafts)
+            batch.rejected[rid] = num_drafts + 1 - len(sampled)
+        if self.async_mode:  # the worker knows its tokens before the scheduler does
+            if sampled:
+                live.known = end + len(sampled)
+                if live.known > len(truth.tokens):
+                    truth.append(sampled[len(truth.tokens) - end:])
+            # the drafter proposes after a row that sampled; otherwise nothing stands behind the
+            # next row's placeholders
+            live.drafts = self._propose(live, rec.step, live.known) if self.spec and sampled else []
         if self.spec:
             for col, block, state, cause in self.mirror.postprocess(rid, tables, start, n, num_drafts,
                                                                     accepted_count(sampled)):
@@ -370,15 +494,19 @@ class _Runner:
                     self.trace.finish_status[rid] = req.status.name
                     rec.finished.append(rid)
                 continue
-            if self.spec and rid in scheduled and req.num_computed_tokens >= req.num_tokens - 1 and req.num_output_tokens > 0:
-                drafts[rid] = self._propose(live, step)
+            # EngineCore.post_step hands the drafter's proposals to the scheduler only when
+            # synchronous; under async they stay on the worker (_run_row)
+            if (self.spec and not self.async_mode and rid in scheduled and req.num_computed_tokens >= req.num_tokens - 1
+                    and req.num_output_tokens > 0):
+                drafts[rid] = self._propose(live, step, len(live.truth))
         self.session.set_drafts(drafts)
 
-    def _propose(self, live: _Live, step: int) -> list[int]:
-        """A drafter that knows the true model: its first `acceptance` guesses are right."""
+    def _propose(self, live: _Live, step: int, length: int) -> list[int]:
+        """A drafter that knows the true model: after the request's first `length` tokens, its first
+        `acceptance` guesses are right."""
         k = self.s.engine.num_speculative_tokens
         acc = self.s.acceptance[step % len(self.s.acceptance)] if self.s.acceptance else k
-        state = live.truth.at(len(live.truth))
+        state = live.truth.at(length)
         out = []
         for i in range(k):
             tok = next_token(state, VOCAB_SIZE)

@@ -74,6 +74,20 @@ class StepRecord:
 
 
 @dataclass
+class BatchEvent:
+    """What the engine core's batch queue did in one step (async scheduling only): the batch it
+    scheduled (and whose forward the kernel model ran), the blocks schedule() published for it,
+    the batch whose output it applied, and the blocks update_from_output published then. A block
+    published at schedule time is written by a forward that, on a GPU, is still in flight."""
+
+    scheduled: int | None = None
+    published: tuple[int, ...] = ()
+    applied: int | None = None
+    published_on_update: tuple[int, ...] = ()
+    in_flight: int = 0  # batches in the queue after this step's schedule()
+
+
+@dataclass
 class Crash:
     """An exception raised inside vLLM while the harness drove it."""
 
@@ -98,6 +112,10 @@ class Trace:
     # the engine facts the oracle's signatures need
     mamba_block_size: int = 0
     runner: str = ""  # the vLLM model runner the kernel model mirrored ("v1" | "v2")
+    async_scheduling: bool = False  # vLLM's AsyncScheduler under a batch queue, else Scheduler
+    batch_queue_depth: int = 1  # batches the engine core keeps in flight
+    batches: dict[int, BatchEvent] = field(default_factory=dict)  # step -> its batch-queue events (async)
+    in_flight_aborts: set[tuple[int, str]] = field(default_factory=set)  # (step, request) taken before an update
     mixer: str = ""  # the mixer family ("gdn" | "mamba2")
     spec_rows: set[tuple[int, str]] = field(default_factory=set)  # (step, request) run on the spec kernel
     # (step, request) of the first row after V1 reset the request's accepted-token count

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import types
+import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -100,9 +101,9 @@ def _model_config() -> ModelConfig:
 _BUILD_KEY_FIELDS = tuple(name for name, k in knobs().items() if k.build_key)
 
 
-def _engine_key(e: EngineConfig, max_model_len: int) -> tuple:
+def _engine_key(e: EngineConfig, max_model_len: int, connector: bool = True) -> tuple:
     """What a VllmConfig built from `e` depends on (the knobs declared `build_key`)."""
-    return (*(getattr(e, name) for name in _BUILD_KEY_FIELDS), e.hash_block_size, max_model_len)
+    return (*(getattr(e, name) for name in _BUILD_KEY_FIELDS), e.hash_block_size, max_model_len, connector)
 
 
 _VLLM_CONFIGS: dict[tuple, VllmConfig] = {}
@@ -113,9 +114,10 @@ class ConfigRejected(ValueError):
     """vLLM's own config validation refused the scenario's engine config (bad input, not a finding)."""
 
 
-def vllm_config_for(e: EngineConfig, max_model_len: int) -> VllmConfig:
-    """Build (once per distinct config in this process) the VllmConfig vLLM would use."""
-    key = _engine_key(e, max_model_len)
+def vllm_config_for(e: EngineConfig, max_model_len: int, connector: bool = True) -> VllmConfig:
+    """Build (once per distinct config in this process) the VllmConfig vLLM would use; with
+    `connector`, the scenario's KV connector (fuzz.sim.connector) is configured as a consumer."""
+    key = _engine_key(e, max_model_len, connector)
     if key in _VLLM_CONFIGS:
         _VLLM_CONFIGS[key] = _VLLM_CONFIGS.pop(key)  # most recently used last
         return _VLLM_CONFIGS[key]
@@ -144,9 +146,13 @@ def vllm_config_for(e: EngineConfig, max_model_len: int) -> VllmConfig:
             target_model_config=model_config,
             target_parallel_config=ParallelConfig(),
         )
+    # A deployment without a connector has none: with one (a KV consumer) and batches in flight,
+    # vLLM defers block frees and will not preempt a request whose blocks an in-flight step may
+    # still write (Scheduler.defer_block_free), so an idle connector would hide the async preemption
+    # and stale-delivery paths from every scenario.
     kv_transfer_config = KVTransferConfig(
         kv_connector=CONNECTOR_CLASS, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both"
-    )
+    ) if connector else None
     vc = VllmConfig(
         model_config=model_config,
         cache_config=cache_config,
@@ -154,6 +160,12 @@ def vllm_config_for(e: EngineConfig, max_model_len: int) -> VllmConfig:
         speculative_config=speculative_config,
         kv_transfer_config=kv_transfer_config,
     )
+    # vLLM resolves `async_scheduling` (None: its default) in VllmConfig, and then CpuPlatform.
+    # check_and_update_config turns it off on a CPU host (platforms/cpu.py: "not required on CPU").
+    # The scheduler under test is the one a CUDA host runs, so the mode is set here, after both:
+    # the Scheduler reads it (max_concurrent_batches: deferred block frees, in-flight token bound).
+    vc.scheduler_config.async_scheduling = (default_async_scheduling(vc) if e.async_scheduling is None
+                                            else e.async_scheduling)
     _VLLM_CONFIGS[key] = vc
     while len(_VLLM_CONFIGS) > MAX_CACHED_CONFIGS:  # a long run draws endless distinct configs
         _VLLM_CONFIGS.pop(next(iter(_VLLM_CONFIGS)))
@@ -169,12 +181,51 @@ def default_runner(vc: VllmConfig) -> str:
     return "v1" if vc._get_v2_model_runner_unsupported_features() else "v2"
 
 
-def _checked_config(e: EngineConfig, max_model_len: int) -> VllmConfig:
+def default_async_scheduling(vc: VllmConfig) -> bool:
+    """What vLLM 0.32 sets `async_scheduling` to when it is left unset, on a CUDA host: the
+    `async_scheduling is None` branch of `VllmConfig.__post_init__` (config/vllm.py), mirrored because
+    the CPU platform overrides it. On: unless a pooling model (never here), a drafter outside EAGLE/MTP
+    (vLLM's own `EagleModelTypes`), a padded-drafter opt-out, an executor without support (uniproc and
+    multiprocessing support it), or V1 with pipeline parallelism (pipeline size 1 here)."""
+    spec = vc.speculative_config
+    if spec is not None:
+        try:
+            from fuzz.sim.vllm_compat.api import EagleModelTypes
+            eagle_like = set(_literal_values(EagleModelTypes))
+        except Exception:  # a release without the alias: MTP is EAGLE-like in every release here
+            eagle_like = {"mtp"}
+        if spec.method not in eagle_like or getattr(spec, "disable_padded_drafter_batch", False):
+            return False
+    return vc.parallel_config.pipeline_parallel_size <= 1
+
+
+def _literal_values(alias: object) -> Iterator[str]:
+    """The strings of a (nested) typing.Literal alias."""
+    for arg in typing.get_args(alias):
+        if isinstance(arg, str):
+            yield arg
+        else:
+            yield from _literal_values(arg)
+
+
+def batch_queue_depth(vc: VllmConfig, runner: str) -> int:
+    """Batches the engine core keeps in flight: vLLM's own `VllmConfig.max_concurrent_batches`
+    (2 for V1 without pipeline parallelism, pipeline size + 1 for V2 under async scheduling; 1 when
+    synchronous), evaluated for `runner` instead of the runner this CPU host would pick."""
+    prop = getattr(type(vc), "max_concurrent_batches", None)
+    if prop is None:  # a release before the batch queue: one batch at a time unless async
+        return 2 if vc.scheduler_config.async_scheduling else 1
+    view = types.SimpleNamespace(parallel_config=vc.parallel_config, scheduler_config=vc.scheduler_config,
+                                 use_v2_model_runner=runner == "v2")
+    return int(prop.fget(view))
+
+
+def _checked_config(e: EngineConfig, max_model_len: int, connector: bool = True) -> VllmConfig:
     if e.enable_prefix_caching and e.num_prefill_checkpoint_blocks and not PREFILL_CHECKPOINTS:
         raise ConfigRejected(f"cannot run on {VLLM}: no prefill-checkpoint rule "
                              "(get_mamba_prefill_checkpoint_position) for num_prefill_checkpoint_blocks > 0")
     try:
-        return vllm_config_for(e, max_model_len)
+        return vllm_config_for(e, max_model_len, connector)
     except features.FeatureAbsent as exc:
         raise ConfigRejected(f"cannot run: {exc}") from None
     except Exception as exc:
@@ -232,8 +283,11 @@ class CachedMambaEntry:
 class SchedulerSession:
     """One real vLLM Scheduler plus the handles the harness needs to drive and observe it."""
 
-    def __init__(self, engine: EngineConfig, num_blocks: int, max_model_len: int, split: SplitFn | None):
-        vc = _checked_config(engine, max_model_len)
+    def __init__(self, engine: EngineConfig, num_blocks: int, max_model_len: int, split: SplitFn | None,
+                 connector: bool = True):
+        """`connector`: configure the scenario's KV connector (a scenario whose requests claim
+        external tokens); without it vLLM runs with no connector, as most deployments do."""
+        vc = _checked_config(engine, max_model_len, connector)
         vc.cache_config.num_gpu_blocks = num_blocks
         try:
             kv_cache_config = kv_cache_config_for(engine, num_blocks, max_model_len)
@@ -243,7 +297,11 @@ class SchedulerSession:
             block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vc)
         except ValueError as exc:
             raise ConfigRejected(f"vLLM refuses this engine config: {str(exc).splitlines()[0]}") from None
-        self.scheduler = Scheduler(
+        # vLLM's own choice of class for the mode (SchedulerConfig.get_scheduler_cls): AsyncScheduler
+        # when async scheduling is on.
+        scheduler_cls = vc.scheduler_config.get_scheduler_cls() if hasattr(vc.scheduler_config, "get_scheduler_cls") \
+            else Scheduler
+        self.scheduler = scheduler_cls(
             vllm_config=vc,
             kv_cache_config=kv_cache_config,
             structured_output_manager=StructuredOutputManager(vc),
@@ -256,6 +314,8 @@ class SchedulerSession:
         # The scheduler reads the flag at start-up; it changes only how SchedulerOutput hands
         # resumed requests to the worker (as new requests under V2), not what is scheduled.
         self.scheduler.use_v2_model_runner = self.runner == "v2"
+        self.async_scheduling = bool(vc.scheduler_config.async_scheduling)
+        self.batch_queue_depth = batch_queue_depth(vc, self.runner)
         self.hash_block_size = hash_block_size
         self.mamba_block_size = engine.mamba_block_size
         managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
@@ -273,6 +333,7 @@ class SchedulerSession:
         self._block_hasher = get_request_block_hasher(hash_block_size, sha256)
         self._watched_keys: object = None  # the key map cache_keys_version watches
         self._key_changes = [0]
+        self._inserted: list[int] = []  # mamba blocks keyed since the last take_inserted()
         # Our own references: vLLM drops finished requests from `scheduler.requests` inside
         # update_from_output, before their last sampled token could be read back.
         self._requests: dict[str, Request] = {}
@@ -339,6 +400,11 @@ class SchedulerSession:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def has_requests(self) -> bool:
+        """What the engine core asks before scheduling: unfinished requests, or finished ones whose
+        ids the next SchedulerOutput still has to hand the worker."""
+        return self.scheduler.has_requests()
+
     def mamba_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._mamba_manager.req_to_blocks.get(request_id, ())]
 
@@ -349,12 +415,15 @@ class SchedulerSession:
         `pop`, the only ways vLLM changes it), and again should vLLM replace the map."""
         keys = self.block_pool.cached_block_hash_to_block
         if keys is not self._watched_keys:
-            changes, suffix = self._key_changes, self._mamba_key_suffix
+            changes, suffix, inserted = self._key_changes, self._mamba_key_suffix, self._inserted
             insert, pop = keys.insert, keys.pop
 
             def counted_insert(key, *args, **kwargs):
                 if key[-4:] == suffix:
                     changes[0] += 1
+                    block = args[0] if args else kwargs.get("block")
+                    if block is not None:
+                        inserted.append(block.block_id)
                 return insert(key, *args, **kwargs)
 
             def counted_pop(key, *args, **kwargs):
@@ -366,6 +435,12 @@ class SchedulerSession:
             self._watched_keys = keys
             changes[0] += 1
         return self._key_changes[0]
+
+    def take_inserted(self) -> list[int]:
+        """The mamba blocks keyed in the prefix cache since the last call (once the watch is on)."""
+        out = list(self._inserted)
+        self._inserted.clear()
+        return out
 
     def cached_mamba_blocks(self) -> Iterator[tuple[bytes, KVCacheBlock]]:
         """(key, block) for every live prefix-cache key of the mamba group: the raw form, so the

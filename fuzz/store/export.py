@@ -62,10 +62,14 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
     sig = case_signature(case)
     if check_for(sig) == V1_ACCEPTED_KEPT:
         return _v1_accepted_source(case, sig, title, why)
+    if s.engine.async_scheduling is not False:
+        s = _synchronous_twin(case, sig)
+        why += "\nFound under async scheduling; it fails the same way with the synchronous Scheduler this test drives."
     if s.acceptance and any(s.acceptance):
         why += "\nThe scenario's draft acceptance is not replayed (no drafts are proposed)."
     engine = dataclasses.asdict(s.engine)
     engine.pop("runner", None)  # the model runner the kernel model mirrors: not a scheduler setting
+    engine.pop("async_scheduling", None)  # synchronous, checked above
     if ":nocache-" in sig:
         engine.update(enable_prefix_caching=False, prefix_match_unit=None, num_prefill_checkpoint_blocks=0,
                       prefill_checkpoint_alignment=None, enable_mamba_shared_prefix_checkpoint=False)
@@ -79,6 +83,19 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
         max_steps=s.liveness_bound(), check=check_for(sig), model_config=json.dumps(json.loads(TINY_CONFIG.read_text())),
         test_name=name,
     )
+
+
+def _synchronous_twin(case: Case, sig: str):
+    """The case's scenario with vLLM's synchronous Scheduler, when it fails the same way there: the
+    standalone test drives `schedule()` and `update_from_output()` one batch at a time."""
+    from fuzz.checks.pipeline import signature_of
+    from fuzz.model.scenario import with_scheduling
+
+    twin = with_scheduling(case.scenario, "sync")
+    if signature_of(twin, "fixed") != sig:
+        raise ExportError(f"{case.path}: {sig} needs async scheduling, and the standalone test drives the "
+                          "synchronous Scheduler only")
+    return twin
 
 
 def _v1_accepted_source(case: Case, sig: str, title: str, why: str) -> str:

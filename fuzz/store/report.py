@@ -27,15 +27,24 @@ def describe(path: str, split: str, ev, expected: str | None) -> dict[str, Any]:
 
 def step_table(trace: Trace) -> str:
     """One block per step: arrivals/admissions, each chunk, slot writes, newly hashed blocks."""
+    mode = (f"AsyncScheduler, {trace.batch_queue_depth} batches in flight" if trace.async_scheduling
+            else "Scheduler, one batch at a time")
     lines = [f"model runner {trace.runner or '?'}, mixer {trace.mixer or '?'}, prefix caching "
-             f"{'on (mamba_cache_mode align)' if trace.prefix_caching else 'off (mamba_cache_mode none)'}",
+             f"{'on (mamba_cache_mode align)' if trace.prefix_caching else 'off (mamba_cache_mode none)'}, {mode}",
              f"{'step':>4}  {'what':<10} detail"]
     for rec in trace.steps:
         rows: list[tuple[str, str]] = []
+        event = trace.batches.get(rec.step)
         if rec.arrivals:
             rows.append(("arrive", " ".join(rec.arrivals)))
         if rec.aborts:
-            rows.append(("abort", " ".join(rec.aborts)))
+            rows.append(("abort", " ".join(rid + (" (arrived in flight: before update_from_output)"
+                                                   if (rec.step, rid) in trace.in_flight_aborts else "")
+                                           for rid in rec.aborts)))
+        if event is not None and event.scheduled is not None:
+            rows.append(("schedule", f"batch {event.scheduled} ({event.in_flight} in flight); its forward runs now"))
+            for block in event.published:
+                rows.append(("publish", f"block {block} keyed by schedule() (batch {event.scheduled})"))
         for a in rec.admissions:
             ext = f" + connector {a.external_tokens}{' async' if a.external_async else ''}" if a.external_tokens else ""
             rows.append(("admit", f"{a.request_id} local hit {a.local_hit_tokens}{ext}"))
@@ -58,6 +67,10 @@ def step_table(trace: Trace) -> str:
                              f"block {e.block_id} claims {e.claimed} of {e.claimed_by}, holds {e.held}{mark}"))
         for rid in rec.preempted:
             rows.append(("preempt", rid))
+        if event is not None and event.applied is not None:
+            rows.append(("apply", f"batch {event.applied}'s output (update_from_output)"))
+            for block in event.published_on_update:
+                rows.append(("publish", f"block {block} keyed by update_from_output (batch {event.applied})"))
         for rid in rec.finished:
             rows.append(("finish", f"{rid} {trace.finish_status.get(rid, '')}"))
         for i, (what, detail) in enumerate(rows):
@@ -75,4 +88,8 @@ def trace_digest(trace: Trace) -> str:
         h.update(repr(rec).encode())
     h.update(repr((sorted(trace.outputs.items()), sorted(trace.finish_status.items()), trace.unfinished,
                    trace.hit_bound, trace.crash)).encode())
+    if trace.batches:  # async scheduling only, so a synchronous run's digest is what it always was
+        h.update(repr(sorted(trace.batches.items())).encode())
+    if trace.in_flight_aborts:
+        h.update(repr(sorted(trace.in_flight_aborts)).encode())
     return h.hexdigest()[:32]

@@ -23,6 +23,7 @@ def _at(module: str, *names: str) -> dict[str, tuple[Place, ...]]:
 SYMBOLS: dict[str, tuple[Place, ...]] = {
     **_at("vllm.config", "CacheConfig", "KVTransferConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig",
           "SpeculativeConfig", "VllmConfig"),
+    **_at("vllm.config.speculative", "EagleModelTypes"),
     **_at("vllm.sampling_params", "SamplingParams"),
     "sha256": (Place("vllm.utils.hashing", "sha256"), Place("vllm.utils", "sha256")),
     **_at(_KVU, "KVCacheBlock", "get_block_hash", "get_group_id", "get_request_block_hasher", "init_none_hash",
@@ -50,6 +51,7 @@ SYMBOLS: dict[str, tuple[Place, ...]] = {
     # The engine tier (a real LLMEngine on CPU).
     **_at("vllm.engine.arg_utils", "EngineArgs"),
     **_at("vllm.v1.engine.llm_engine", "LLMEngine"),
+    **_at("vllm.platforms.cpu", "CpuPlatform"),
     **_at("vllm.model_executor.layers.mamba.mamba_utils", "MambaStateShapeCalculator", "get_temporal_copy_spec"),
     # The conformance tier: vLLM's own model-runner (worker) code, called on CPU.
     **_at("vllm.config.compilation", "CUDAGraphMode"),
@@ -70,6 +72,6 @@ SYMBOLS: dict[str, tuple[Place, ...]] = {
 # Names a release may lack without losing the scheduler harness: only inputs that need them
 # are refused (see features.py). Before 0.30 the prefill-checkpoint rule lived inside
 # MambaManager, with no function the kernel model can follow.
-OPTIONAL = frozenset({"get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid"})
+OPTIONAL = frozenset({"get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid", "EagleModelTypes"})
 # Only the engine tier (a real LLMEngine) needs these; the scheduler harness runs without them.
-ENGINE_TIER = frozenset({"EngineArgs", "LLMEngine", "MambaStateShapeCalculator"})
+ENGINE_TIER = frozenset({"EngineArgs", "LLMEngine", "MambaStateShapeCalculator", "CpuPlatform"})
