@@ -22,9 +22,13 @@ from fuzz.model.scenario import ample_pool_blocks
 from fuzz.store.corpus import Case
 from fuzz.store.export_template import TEMPLATE
 from fuzz.store.export_v1_template import V1_ACCEPTED_TEMPLATE
+from fuzz.store.export_vllm_template import CHECKS, HEADER, SCHEDULER_TEMPLATE, WHY
 
 TINY_CONFIG = Path(__file__).parent.parent / "tiny_model" / "config.json"
 V1_ACCEPTED_KEPT = "v1_accepted_kept"  # a check of V1's persistent batch, not of the scheduler
+
+
+STYLES = ("standalone", "vllm")
 
 
 class ExportError(ValueError):
@@ -79,6 +83,35 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
         max_steps=s.liveness_bound(), check=check_for(sig), model_config=json.dumps(json.loads(TINY_CONFIG.read_text())),
         test_name=name,
     )
+
+
+def vllm_test_source(case: Case, title: str = "") -> str:
+    """The exported test for `case` in vLLM's idiom (`--style vllm`): short, built on vLLM's own
+    test helpers, so a maintainer can drop it into tests/v1/core/ (tests/v1/worker/ for V1's
+    persistent batch) and read it in one screen."""
+    s = case.scenario
+    sig = case_signature(case)
+    check = check_for(sig)
+    name = re.sub(r"\W+", "_", case.path.stem).strip("_").lower()
+    title = title or f"Regression test for {case.path.stem}"
+    if check == V1_ACCEPTED_KEPT:
+        body = _v1_accepted_source(case, sig, title, "").split('"""\n\nimport torch\n', 1)[1]
+        return (f'{HEADER}"""{title} (Model Runner V1; for tests/v1/worker/).\n'
+                f'Exported by mambafuzz from {case.path.name} ({sig}).\n"""\n\nimport pytest\nimport torch\n'
+                + body.replace("\n\nMAMBA_BLOCK_SIZE", "\n\npytestmark = pytest.mark.cpu_test\n\nMAMBA_BLOCK_SIZE", 1))
+    # create_scheduler builds one attention KV-cache group: only findings that need no mamba group fit
+    if check not in CHECKS or (check == "no_crash" and ":nocache-" not in sig):
+        raise ExportError(f"--style vllm cannot express {sig} yet: it needs a hybrid attention + mamba "
+                          "KV-cache config, which vLLM's create_scheduler does not build (use --style standalone)")
+    e = s.engine
+    requests = {rid: (r.arrival_step, s.prompt_len(i), r.max_tokens)
+                for i, (rid, r) in enumerate(zip(s.request_ids(), s.requests))}
+    return SCHEDULER_TEMPLATE.format(
+        title=title, why=WHY[check], case_name=case.path.name, signature=sig, test_name=name,
+        num_spec=e.num_speculative_tokens if e.spec_method != "none" else 0,
+        threshold=e.long_prefill_token_threshold, requests=requests, budget=e.max_num_batched_tokens,
+        max_num_seqs=e.max_num_seqs, max_model_len=s.max_model_len(), max_steps=s.liveness_bound(),
+        check=CHECKS[check])
 
 
 def _v1_accepted_source(case: Case, sig: str, title: str, why: str) -> str:
@@ -174,6 +207,9 @@ def add_export_commands(sub) -> None:
                                    "with: MAMBAFUZZ_PATCHES=fix.py python -m pytest -p fuzz.store.fix_plugin FILE).")
     t.add_argument("case", metavar="CASE")
     t.add_argument("-o", "--output", metavar="FILE.py", required=True)
+    t.add_argument("--style", choices=STYLES, default="standalone",
+                   help="standalone: vLLM APIs only, runs anywhere (default); vllm: a short test for vLLM's "
+                        "tests/v1/core/ built on its test helpers (create_scheduler, create_requests)")
     t.set_defaults(handler=_cmd_export_test)
     r = sub.add_parser("export-report", help="write the issue text for a finding",
                        description="What happens, a minimal repro, the evidence, the candidate fix and its cost.")
@@ -201,7 +237,8 @@ def _cmd_export_test(args) -> int:
     case = _load(args.case)
     title, _ = _analysis(fix_dir(case))
     try:
-        atomic_write(args.output, test_source(case, title))
+        source = vllm_test_source(case, title) if args.style == "vllm" else test_source(case, title)
+        atomic_write(args.output, source)
     except ExportError as exc:
         raise UsageError(f"{args.case}: {exc}") from None
     print(f"wrote {args.output}")
