@@ -146,6 +146,7 @@ def fix_dir(case: Case) -> Path | None:
 
 
 FIX_SECTION = "## Candidate fix (`fix.py`)"
+STATUS_SECTION = "Tracker status and main status"
 COST_SECTION = "### Cost"
 
 
@@ -166,6 +167,13 @@ def _recorded_cost(directory: Path) -> str | None:
     return text.split(COST_SECTION, 1)[1].split("\n", 1)[1].strip() if COST_SECTION in text else None
 
 
+def _split_status(body: str) -> tuple[str, str]:
+    """(the README's tracker-and-main status section, the rest): the status leads the issue as its
+    'related issues and PRs', so a maintainer sees what upstream already has first."""
+    m = re.search(r"^## " + STATUS_SECTION + r"[^\n]*\n(.*?)(?=^## |\Z)", body, flags=re.M | re.S)
+    return (m.group(1).strip(), body[:m.start()] + body[m.end():]) if m else ("", body)
+
+
 def report_text(case: Case, cost_rows: int = 30) -> str:
     """The issue text for `case`: what happens, a minimal repro, the evidence, the candidate
     fix and its cost table."""
@@ -178,14 +186,27 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
     sig = case_signature(case)
     runner = finding_runner(case)
     before = evaluate(case.scenario, "fixed", efficiency=False, runner=runner).verdict
+    related, body = _split_status(body)
     body = re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", body, flags=re.M)  # under this report's headings
-    parts = [f"# {title or case.path.stem}", "", "## What happens", "", body or "(no analysis on file)", "",
-             "## Minimal reproduction", "",
-             f"A standalone test against vLLM's own APIs (`mambafuzz export-test {case.path}`); it fails on the "
-             "installed vLLM:", "", "```python", test_source(case, title).rstrip(), "```", "",
-             "The scenario, for the mambafuzz harness (`mambafuzz repro FILE --trace` prints every chunk, slot "
-             "write and newly hashed block):", "", "```json", case.scenario.dumps().rstrip(), "```", "",
-             "## Evidence", "", f"- signature `{sig}`" + (f" (Model Runner {runner.upper()})" if runner else "")]
+    try:  # the short test in vLLM's idiom where there is one; the standalone test otherwise
+        reproducer, style = vllm_test_source(case, title), "vllm"
+    except ExportError:
+        reproducer, style = test_source(case, title), "standalone"
+    import vllm
+
+    parts = [f"# [Bug]: {title or case.path.stem}", "", "## Your current environment", "",
+             f"vLLM {vllm.__version__} (also checked: the 0.33.0 release tree), Python 3.11, scheduler and "
+             "KV-cache manager driven on CPU; "
+             + (f"Model Runner {runner.upper()}." if runner else "both model runners unless said otherwise."), "",
+             "## Related issues and PRs", "", related.strip() or "(none found)", "",
+             "## Describe the bug", "", body.strip() or "(no analysis on file)", "",
+             "## Minimal reproducer", "",
+             f"`mambafuzz export-test --style {style} {case.path} -o FILE` writes it; it fails on the unmodified "
+             "vLLM and passes with the candidate fix:", "",
+             "```python", reproducer.rstrip(), "```", "",
+             "The full scenario replays with `mambafuzz repro FILE --trace` (every chunk, slot write and newly "
+             "hashed block).", "",
+             "## Expected and actual", "", f"- signature `{sig}`" + (f" (Model Runner {runner.upper()})" if runner else "")]
     parts += [f"- `{f.kind}`: {f.message}" for f in before.findings]
     if directory is not None:
         patches = patching.load_patches(str(directory / "fix.py"))
