@@ -48,3 +48,75 @@ def test_exported_tests_fail_without_and_pass_with_their_fix():
         mine = [exported(p) for p in CASES if p.parent == d]
         with_fix = _pytest(mine, d / "fix.py")
         assert with_fix.returncode == 0 and f"{len(mine)} passed" in with_fix.stdout, with_fix.stdout[-2000:]
+
+
+# --style vllm: short tests in vLLM's idiom, run inside vLLM's own test tree (ci/vllm-tests)
+VLLM_CASES = [p for p in CASES if p.parent.name != "internal_checkpoint_midblock_resume"
+              and p.parent.name != "connector_admission_estimate_short_per_mamba_group"]
+# create_scheduler loads facebook/opt-125m's config; offline, this stand-in is all it reads
+OPT_125M_CONFIG = ('{"architectures": ["OPTForCausalLM"], "model_type": "opt", "vocab_size": 50272, '
+                   '"hidden_size": 768, "num_hidden_layers": 12, "ffn_dim": 3072, "num_attention_heads": 12, '
+                   '"max_position_embeddings": 2048, "word_embed_proj_dim": 768, "do_layer_norm_before": true, '
+                   '"torch_dtype": "float16", "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1}')
+
+
+def vllm_helpers() -> Path:
+    """vLLM's tests/ subset for the installed release, or a skip that says how to get it."""
+    import vllm
+
+    version = vllm.__version__.split("+")[0]
+    tree = Path(os.environ.get("MAMBAFUZZ_VLLM_TESTS", ROOT / ".vllm-tests" / version))
+    if not (tree / "tests" / "v1" / "core" / "utils.py").is_file():
+        pytest.skip(f"vLLM {version}'s test helpers are not in {tree}: run ci/vllm-tests")
+    return tree
+
+
+@pytest.mark.parametrize("path", VLLM_CASES, ids=lambda p: p.stem)
+def test_vllm_style_export_is_short_marked_and_imports_no_mambafuzz(path):
+    source = export.vllm_test_source(corpus.load_case(path), "T")
+    assert len(source.splitlines()) <= 60
+    assert "pytestmark = pytest.mark.cpu_test" in source
+    assert "import fuzz" not in source and "from fuzz" not in source
+
+
+@pytest.mark.parametrize("path", sorted(set(CASES) - set(VLLM_CASES))[:2], ids=lambda p: p.stem)
+def test_vllm_style_refuses_a_finding_that_needs_mamba_groups_in_one_line(path):
+    with pytest.raises(export.ExportError, match=r"^--style vllm cannot express \S+ yet: .*\(use --style standalone\)$"):
+        export.vllm_test_source(corpus.load_case(path))
+
+
+def _vllm_tree_with_exports(tmp_path: Path, helpers: Path) -> list[Path]:
+    import shutil
+
+    shutil.copytree(helpers / "tests", tmp_path / "tests")
+    snapshot = tmp_path / "hf" / "models--facebook--opt-125m" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(OPT_125M_CONFIG)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    files = []
+    for path in VLLM_CASES:
+        f = tmp_path / "tests" / "v1" / "core" / f"test_{path.stem}.py"
+        f.write_text(export.vllm_test_source(corpus.load_case(path)))
+        files.append(f)
+    return files
+
+
+def _pytest_in(tree: Path, files: list[Path], fix: Path | None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tree / "hf"), PYTHONPATH=f"{tree}{os.pathsep}{ROOT}")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir", str(tree),
+           "-o", "addopts=", "-W", "ignore::pytest.PytestUnknownMarkWarning", *map(str, files)]
+    if fix is not None:
+        env["MAMBAFUZZ_PATCHES"] = str(fix)
+        cmd[3:3] = ["-p", "fuzz.store.fix_plugin"]
+    return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_vllm_style_exports_fail_without_and_pass_with_their_fix(tmp_path):
+    files = _vllm_tree_with_exports(tmp_path, vllm_helpers())
+    without = _pytest_in(tmp_path, files, None)
+    assert f"{len(files)} failed" in without.stdout, without.stdout[-2000:]
+    for path, f in zip(VLLM_CASES, files):
+        with_fix = _pytest_in(tmp_path, [f], path.parent / "fix.py")
+        assert with_fix.returncode == 0 and "1 passed" in with_fix.stdout, with_fix.stdout[-2000:]

@@ -22,9 +22,13 @@ from fuzz.model.scenario import ample_pool_blocks
 from fuzz.store.corpus import Case
 from fuzz.store.export_template import TEMPLATE
 from fuzz.store.export_v1_template import V1_ACCEPTED_TEMPLATE
+from fuzz.store.export_vllm_template import CHECKS, HEADER, SCHEDULER_TEMPLATE, WHY
 
 TINY_CONFIG = Path(__file__).parent.parent / "tiny_model" / "config.json"
 V1_ACCEPTED_KEPT = "v1_accepted_kept"  # a check of V1's persistent batch, not of the scheduler
+
+
+STYLES = ("standalone", "vllm")
 
 
 class ExportError(ValueError):
@@ -98,6 +102,37 @@ def _synchronous_twin(case: Case, sig: str):
     return twin
 
 
+def vllm_test_source(case: Case, title: str = "") -> str:
+    """The exported test for `case` in vLLM's idiom (`--style vllm`): short, built on vLLM's own
+    test helpers, so a maintainer can drop it into tests/v1/core/ (tests/v1/worker/ for V1's
+    persistent batch) and read it in one screen."""
+    s = case.scenario
+    sig = case_signature(case)
+    check = check_for(sig)
+    name = re.sub(r"\W+", "_", case.path.stem).strip("_").lower()
+    title = title or f"Regression test for {case.path.stem}"
+    if check == V1_ACCEPTED_KEPT:
+        body = _v1_accepted_source(case, sig, title, "").split('"""\n\nimport torch\n', 1)[1]
+        return (f'{HEADER}"""{title} (Model Runner V1; for tests/v1/worker/).\n'
+                f'Exported by mambafuzz from {case.path.name} ({sig}).\n"""\n\nimport pytest\nimport torch\n'
+                + body.replace("\n\nMAMBA_BLOCK_SIZE", "\n\npytestmark = pytest.mark.cpu_test\n\nMAMBA_BLOCK_SIZE", 1))
+    # create_scheduler builds one attention KV-cache group: only findings that need no mamba group fit
+    if check not in CHECKS or (check == "no_crash" and ":nocache-" not in sig):
+        raise ExportError(f"--style vllm cannot express {sig} yet: it needs a hybrid attention + mamba "
+                          "KV-cache config, which vLLM's create_scheduler does not build (use --style standalone)")
+    if s.engine.async_scheduling is not False:  # create_scheduler builds the synchronous Scheduler
+        s = _synchronous_twin(case, sig)
+    e = s.engine
+    requests = {rid: (r.arrival_step, s.prompt_len(i), r.max_tokens)
+                for i, (rid, r) in enumerate(zip(s.request_ids(), s.requests))}
+    return SCHEDULER_TEMPLATE.format(
+        title=title, why=WHY[check], case_name=case.path.name, signature=sig, test_name=name,
+        num_spec=e.num_speculative_tokens if e.spec_method != "none" else 0,
+        threshold=e.long_prefill_token_threshold, requests=requests, budget=e.max_num_batched_tokens,
+        max_num_seqs=e.max_num_seqs, max_model_len=s.max_model_len(), max_steps=s.liveness_bound(),
+        check=CHECKS[check])
+
+
 def _v1_accepted_source(case: Case, sig: str, title: str, why: str) -> str:
     """A V1 accepted-count finding as a test of V1's persistent batch: the request the finding
     names sits out one step beside the case's other requests."""
@@ -130,6 +165,7 @@ def fix_dir(case: Case) -> Path | None:
 
 
 FIX_SECTION = "## Candidate fix (`fix.py`)"
+STATUS_SECTION = "Tracker status and main status"
 COST_SECTION = "### Cost"
 
 
@@ -150,6 +186,13 @@ def _recorded_cost(directory: Path) -> str | None:
     return text.split(COST_SECTION, 1)[1].split("\n", 1)[1].strip() if COST_SECTION in text else None
 
 
+def _split_status(body: str) -> tuple[str, str]:
+    """(the README's tracker-and-main status section, the rest): the status leads the issue as its
+    'related issues and PRs', so a maintainer sees what upstream already has first."""
+    m = re.search(r"^## " + STATUS_SECTION + r"[^\n]*\n(.*?)(?=^## |\Z)", body, flags=re.M | re.S)
+    return (m.group(1).strip(), body[:m.start()] + body[m.end():]) if m else ("", body)
+
+
 def report_text(case: Case, cost_rows: int = 30) -> str:
     """The issue text for `case`: what happens, a minimal repro, the evidence, the candidate
     fix and its cost table."""
@@ -162,14 +205,27 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
     sig = case_signature(case)
     runner = finding_runner(case)
     before = evaluate(case.scenario, "fixed", efficiency=False, runner=runner).verdict
+    related, body = _split_status(body)
     body = re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", body, flags=re.M)  # under this report's headings
-    parts = [f"# {title or case.path.stem}", "", "## What happens", "", body or "(no analysis on file)", "",
-             "## Minimal reproduction", "",
-             f"A standalone test against vLLM's own APIs (`mambafuzz export-test {case.path}`); it fails on the "
-             "installed vLLM:", "", "```python", test_source(case, title).rstrip(), "```", "",
-             "The scenario, for the mambafuzz harness (`mambafuzz repro FILE --trace` prints every chunk, slot "
-             "write and newly hashed block):", "", "```json", case.scenario.dumps().rstrip(), "```", "",
-             "## Evidence", "", f"- signature `{sig}`" + (f" (Model Runner {runner.upper()})" if runner else "")]
+    try:  # the short test in vLLM's idiom where there is one; the standalone test otherwise
+        reproducer, style = vllm_test_source(case, title), "vllm"
+    except ExportError:
+        reproducer, style = test_source(case, title), "standalone"
+    import vllm
+
+    parts = [f"# [Bug]: {title or case.path.stem}", "", "## Your current environment", "",
+             f"vLLM {vllm.__version__} (also checked: the 0.33.0 release tree), Python 3.11, scheduler and "
+             "KV-cache manager driven on CPU; "
+             + (f"Model Runner {runner.upper()}." if runner else "both model runners unless said otherwise."), "",
+             "## Related issues and PRs", "", related.strip() or "(none found)", "",
+             "## Describe the bug", "", body.strip() or "(no analysis on file)", "",
+             "## Minimal reproducer", "",
+             f"`mambafuzz export-test --style {style} {case.path} -o FILE` writes it; it fails on the unmodified "
+             "vLLM and passes with the candidate fix:", "",
+             "```python", reproducer.rstrip(), "```", "",
+             "The full scenario replays with `mambafuzz repro FILE --trace` (every chunk, slot write and newly "
+             "hashed block).", "",
+             "## Expected and actual", "", f"- signature `{sig}`" + (f" (Model Runner {runner.upper()})" if runner else "")]
     parts += [f"- `{f.kind}`: {f.message}" for f in before.findings]
     if directory is not None:
         patches = patching.load_patches(str(directory / "fix.py"))
@@ -191,6 +247,9 @@ def add_export_commands(sub) -> None:
                                    "with: MAMBAFUZZ_PATCHES=fix.py python -m pytest -p fuzz.store.fix_plugin FILE).")
     t.add_argument("case", metavar="CASE")
     t.add_argument("-o", "--output", metavar="FILE.py", required=True)
+    t.add_argument("--style", choices=STYLES, default="standalone",
+                   help="standalone: vLLM APIs only, runs anywhere (default); vllm: a short test for vLLM's "
+                        "tests/v1/core/ built on its test helpers (create_scheduler, create_requests)")
     t.set_defaults(handler=_cmd_export_test)
     r = sub.add_parser("export-report", help="write the issue text for a finding",
                        description="What happens, a minimal repro, the evidence, the candidate fix and its cost.")
@@ -218,7 +277,8 @@ def _cmd_export_test(args) -> int:
     case = _load(args.case)
     title, _ = _analysis(fix_dir(case))
     try:
-        atomic_write(args.output, test_source(case, title))
+        source = vllm_test_source(case, title) if args.style == "vllm" else test_source(case, title)
+        atomic_write(args.output, source)
     except ExportError as exc:
         raise UsageError(f"{args.case}: {exc}") from None
     print(f"wrote {args.output}")

@@ -1,4 +1,4 @@
-"""A 1-token prompt under MTP starts from a recycled mamba block
+"""A fresh 1-token prompt padded with placeholder drafts (the corner vLLM #55178 leaves)
 
 Exported by mambafuzz from spec_pad_one_token_prompt_unzeroed_block.json (signature nocache_stale_read:long/prefill-kept-drafts).
 Fails on the unmodified vLLM; passes with the candidate fix applied.
