@@ -233,3 +233,47 @@ def test_v1_async_gather_reads_each_rows_accepted_count_where_the_copy_landed():
     w._landing = {}
     w._gather_async_accepted(2)
     assert list(ib.num_accepted_tokens_cpu[:2]) == [2, 3]  # ...is read crosswise
+
+
+# ---- the engine core's loop, on a scripted scheduler ---------------------------------------
+
+
+class _ScriptedSession:
+    """A scheduler that always has requests until `batches` outputs were applied."""
+
+    def __init__(self, batches: int):
+        self.left, self.scheduled, self.log = batches, 0, []
+
+    def has_requests(self) -> bool:
+        return self.left > 0
+
+    def schedule(self):
+        self.scheduled += 1
+        self.log.append(f"schedule {self.scheduled - 1}")
+        return SimpleNamespace(num_scheduled_tokens={"r": 1}, preempted_req_ids=set(),
+                               scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()))
+
+    def preempted(self, out) -> set[str]:
+        return set(out.preempted_req_ids)
+
+
+@pytest.mark.parametrize("depth, expected", [
+    (1, ["schedule 0", "apply 0", "schedule 1", "apply 1"]),
+    # the scheduler still has requests after batch 0's output: a third batch goes in flight
+    (2, ["schedule 0", "schedule 1", "apply 0", "schedule 2", "apply 1", "apply 2"]),
+])
+def test_batch_queue_schedules_while_it_has_room_then_applies_the_oldest(depth, expected):
+    session = _ScriptedSession(batches=2)
+    queue = engine_core.BatchQueue(depth)
+
+    def apply(batch):
+        session.log.append(f"apply {batch.index}")
+        session.left -= 1
+
+    steps = 0
+    while session.has_requests() or queue:
+        queue.step(session, lambda batch: None, apply)
+        steps += 1
+    assert session.log == expected
+    # with two in flight the queue drains in a step of its own once nothing is left to schedule
+    assert steps == (2 if depth == 1 else 4)

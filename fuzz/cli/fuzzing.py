@@ -210,6 +210,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     print(f"\nsummary: {result.execs} executions in {result.seconds:.1f}s, {len(real)} new finding(s)"
           + (f", {len(result.new_files) - len(real)} flaky" if len(result.new_files) > len(real) else "")
           + (" (interrupted)" if result.interrupted else ""))
+    if any(result.modes.values()):
+        print("  scheduling: " + ", ".join(f"{n} {mode}" for mode, n in sorted(result.modes.items())))
     for p in result.new_files:
         meta = finding_meta(p)
         print(f"  {meta.get('signature', '?')}  reproduced {meta.get('reproduced', '?')}  {p}")

@@ -87,6 +87,7 @@ class CampaignResult:
     first_finding_seconds: float | None
     log_tail: list[str]
     problems: list[str] = field(default_factory=list)  # why the campaign cannot count as having run
+    modes: dict[str, int] = field(default_factory=dict)  # executions per scheduling mode (the workers' own counts)
 
 
 @dataclass
@@ -355,9 +356,13 @@ def _run(cfg: CampaignConfig, out: TextIO, workdir: Path) -> CampaignResult:
     campaign.status()
     execs, cov, corp = campaign.totals()
     tail = [line for w in campaign.workers.values() for line in w.tail][-40:]
+    modes: dict[str, int] = {}
+    for w in campaign.workers.values():
+        for mode, n in (w.progress or {}).get("modes", {}).items():
+            modes[mode] = modes.get(mode, 0) + int(n)
     return CampaignResult([Path(e["path"]) for e in campaign.filed if e.get("path")], execs, campaign.elapsed(),
                           cov, corp, interrupted, [p.returncode for p in procs], campaign.first_finding, tail,
-                          campaign.problems(interrupted))
+                          campaign.problems(interrupted), modes)
 
 
 def finding_meta(path: Path) -> dict:

@@ -52,6 +52,7 @@ class Runtime:
             self.store = FindingStore(Path(config.findings), config.split, known=known,
                                       minimize_budget=config.minimize_budget, announce=False)
         self.execs = 0
+        self.modes = {"sync": 0, "async": 0}  # executions per scheduling mode (unset counts as vLLM's: async)
         self.rejected = 0
         self.started = time.monotonic()
         self._last_status = self.started
@@ -74,6 +75,7 @@ class Runtime:
             scenario = with_scheduling(with_runner(scenario, self.config.runner), self.config.scheduling)
             found = self._judge(scenario)
             self.execs += 1
+            self.modes["sync" if scenario.engine.async_scheduling is False else "async"] += 1
             filed = None
             if found is not None:
                 origin = dict(origin, engine=self.config.generator, target=self.config.target, execs=self.execs,
@@ -129,7 +131,7 @@ class Runtime:
     def status(self, final: bool = False, **extra) -> None:
         """A `progress` event, or the `done` event when `final`."""
         emit("done" if final else "progress", execs=self.execs, rejected=self.rejected,
-             findings=len(self.store.filed), dups=self.store.duplicates,
+             findings=len(self.store.filed), dups=self.store.duplicates, modes=self.modes,
              seconds=round(time.monotonic() - self.started, 1), rss_mb=round(current_rss_mb()), **extra)
 
 
