@@ -438,8 +438,11 @@ class SchedulerSession:
 
     def take_inserted(self) -> list[int]:
         """The mamba blocks keyed in the prefix cache since the last call (once the watch is on)."""
-        out = list(self._inserted)
-        self._inserted.clear()
+        inserted = self._inserted
+        if not inserted:
+            return []
+        out = inserted[:]
+        inserted.clear()
         return out
 
     def cached_mamba_blocks(self) -> Iterator[tuple[bytes, KVCacheBlock]]:
