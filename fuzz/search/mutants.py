@@ -188,6 +188,19 @@ def spec_no_rollback() -> list[Patch]:
         """),))]
 
 
+@mutant("spec decode: only half of the rejected draft tokens are rolled back from num_computed_tokens")
+def spec_half_rollback() -> list[Patch]:
+    return [Rewrite(f"{SCHED}.update_from_output", ((
+        """
+        if request.num_computed_tokens > 0:
+            request.num_computed_tokens -= num_rejected
+        """,
+        """
+        if request.num_computed_tokens > 0:
+            request.num_computed_tokens -= num_rejected // 2  # mutant: half rolled back
+        """),))]
+
+
 @mutant("preemption: a preempted request resumes with its old num_computed_tokens")
 def preempt_keeps_computed() -> list[Patch]:
     return [Rewrite(f"{SCHED}._preempt_request", ((

@@ -56,12 +56,35 @@ def vllm_frame(exc: BaseException) -> str:
 
 
 class SchedulerContractError(Exception):
-    """vLLM's SchedulerOutput asks the worker for something no worker can run (a row that starts
-    past the tokens its request has). A finding located at the scheduler's output, not a tool
-    failure: a GPU worker would run it on garbage."""
+    """vLLM's SchedulerOutput asks the worker for something no worker can run. A finding located
+    at the scheduler's output, with the broken rule (`contract`) as its mechanism, not a tool
+    failure: a GPU worker would run it on garbage. Checked before the harness uses the state."""
+
+    def __init__(self, contract: str, message: str):
+        super().__init__(message)
+        self.contract = contract
+
+    def crash(self, step: int) -> Crash:
+        return Crash("SchedulerContract", str(self), SCHEDULER_OUTPUT, step, self.contract)
 
 
 SCHEDULER_OUTPUT = "scheduler-output"  # the location of a SchedulerContractError
+# vLLM's contract for one scheduled row, each rule by name (the finding's mechanism):
+ROW_WITHIN_TOKENS = "row-within-tokens"  # the row covers tokens its request has
+ROW_VERIFIES_DRAFTS = "row-verifies-drafts"  # drafts follow at least one real token, whose output checks the first
+
+
+def check_row(rid: str, start: int, num_tokens: int, num_drafts: int, request_tokens: int) -> None:
+    """Raise SchedulerContractError when a row breaks vLLM's contract with its worker. A row
+    of drafts alone (a rollback that left too many tokens computed) made the harness index past
+    the row's outputs: a tool failure on a vLLM bug."""
+    end = start + num_tokens - num_drafts
+    if not 0 <= start <= end <= request_tokens:
+        raise SchedulerContractError(ROW_WITHIN_TOKENS, f"{rid} is scheduled for tokens {start}..{end} "
+                                     f"(+{num_drafts} drafts) but has {request_tokens} tokens")
+    if num_drafts and start == end:
+        raise SchedulerContractError(ROW_VERIFIES_DRAFTS, f"{rid} is scheduled for {num_drafts} draft(s) at token "
+                                     f"{start} and no token of its own to verify them with")
 
 
 class HarnessError(ToolError):
@@ -200,7 +223,7 @@ class _Runner:
         except VllmUnsupported:
             raise
         except SchedulerContractError as exc:
-            self.trace.crash = Crash("SchedulerContract", str(exc), SCHEDULER_OUTPUT, step)
+            self.trace.crash = exc.crash(step)
         except Exception as exc:
             self.trace.crash = _crash_or_tool_error(exc, step)
         if self.prefix_caching and self.trace.crash is None and not self.trace.timed_out:
@@ -307,9 +330,7 @@ class _Runner:
         num_drafts = len(drafts)
         start = req.num_computed_tokens - n  # schedule() already advanced it
         end = start + n - num_drafts  # the row's real tokens end here; its drafts follow
-        if not 0 <= start <= end <= len(truth.tokens):
-            raise SchedulerContractError(f"{rid} is scheduled for tokens {start}..{end} "
-                                         f"(+{num_drafts} drafts) but has {len(truth.tokens)} tokens")
+        check_row(rid, start, n, num_drafts, len(truth.tokens))
         tables = (self.session.mamba_block_ids(rid),)
         num_prompt = req.num_prompt_tokens
         spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, truth, num_prompt,
