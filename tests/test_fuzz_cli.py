@@ -193,6 +193,26 @@ def test_a_campaign_that_ran_nothing_or_lost_a_worker_is_a_problem(tmp_path, mon
     assert supervisor.run_campaign(_config(tmp_path, jobs=1), out=open(os.devnull, "w")).problems == []
 
 
+def test_tool_failures_on_single_inputs_are_counted_and_the_campaign_goes_on(tmp_path, monkeypatch, capsys):
+    """A worker that failed on some inputs and went on: the campaign counts them, names where the
+    inputs are kept, and `mambafuzz fuzz` still exits 3 (a tool failure, not a clean result)."""
+    from fuzz.search import supervisor
+    from fuzz.search.worker_protocol import WorkerConfig
+
+    worker = _stand_in('@@event {"event":"started","pid":1}',
+                       '@@event {"event":"tool_error","pid":1,"message":"IndexError: x (input kept: k.json)"}',
+                       '@@event {"event":"tool_error","pid":1,"message":"IndexError: y (input kept: l.json)"}',
+                       '@@event {"event":"done","pid":1,"execs":5,"tool_errors":2}')
+    monkeypatch.setattr(supervisor, "launches", lambda cfg, workdir: [supervisor.Launch(worker, WorkerConfig())])
+    result = supervisor.run_campaign(_config(tmp_path, jobs=1, stop_on_first=False), out=open(os.devnull, "w"))
+    assert result.tool_errors == 2 and result.execs == 5
+    assert len(result.problems) == 1 and "2 tool failure(s)" in result.problems[0], result.problems
+    monkeypatch.setattr(supervisor, "run_campaign", lambda cfg: result)
+    assert main(["fuzz", "--max-time", "1", "--corpus", str(tmp_path / "c"), "--findings", str(tmp_path / "f")]) == 3
+    captured = capsys.readouterr()
+    assert "2 tool failure(s)" in captured.out and "failed on some inputs" in captured.err
+
+
 def _python3_without_vllm(tmp_path) -> Path:
     """A directory whose `python3` is an interpreter that cannot import vLLM."""
     bin_dir = tmp_path / "bin"

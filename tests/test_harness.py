@@ -168,21 +168,23 @@ def test_an_exception_of_the_harness_itself_is_a_tool_error_not_a_vllm_crash(mon
     assert issubclass(harness.HarnessError, ToolError)
 
 
-def test_a_worker_keeps_the_input_and_exits_3_on_a_tool_error(monkeypatch, tmp_path, capsys):
-    import pytest
-
+def test_a_worker_keeps_the_input_counts_a_tool_error_and_goes_on(monkeypatch, tmp_path, capsys):
+    """A buggy vLLM must never end a campaign: a tool failure on one input is kept and counted,
+    and the worker runs the next input (it used to exit 3 and fuzz nothing more)."""
     from fuzz.search import target_runtime
     from fuzz.search.worker_protocol import WorkerConfig, parse_event
     from fuzz.sim.kernel_model import KernelModel
 
     rt = target_runtime.Runtime(WorkerConfig(findings=str(tmp_path / "f"), generator="random"))
-    monkeypatch.setattr(KernelModel, "run_row", lambda self, *a, **k: [][1])
-    monkeypatch.setattr(target_runtime.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
-    with pytest.raises(SystemExit) as stop:
-        rt.run_scenario(first_chunk_scenario(), {"input": "test"})
-    assert stop.value.code == 3
-    events = [parse_event(line) for line in capsys.readouterr().out.splitlines()]
-    error = next(e for e in events if e and e["event"] == "error")
+    with monkeypatch.context() as m:
+        m.setattr(KernelModel, "run_row", lambda self, *a, **k: [][1])
+        assert rt.run_scenario(first_chunk_scenario(), {"input": "test"}) is False
+    rt.run_scenario(first_chunk_scenario(), {"input": "test"})  # the next input runs
+    assert rt.execs == 1 and rt.tool_errors == 1
+    rt.status(final=True)
+    events = [e for e in map(parse_event, capsys.readouterr().out.splitlines()) if e]
+    error = next(e for e in events if e["event"] == "tool_error")
     assert "the harness itself raised IndexError" in error["message"]
+    assert not any(e["event"] == "error" for e in events) and events[-1]["tool_errors"] == 1
     kept = list((tmp_path / "f" / "tool-errors").glob("*.json"))
     assert len(kept) == 1 and not list((tmp_path / "f").glob("*.json"))  # kept beside, not filed as a finding

@@ -203,6 +203,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     real = [p for p in result.new_files if not p.name.startswith("flaky-")]
     print(f"\nsummary: {result.execs} executions in {result.seconds:.1f}s, {len(real)} new finding(s)"
           + (f", {len(result.new_files) - len(real)} flaky" if len(result.new_files) > len(real) else "")
+          + (f", {result.tool_errors} tool failure(s)" if result.tool_errors else "")
           + (" (interrupted)" if result.interrupted else ""))
     for p in result.new_files:
         meta = finding_meta(p)
@@ -221,7 +222,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         for line in result.log_tail[-15:]:
             print(f"  | {line}", file=sys.stderr)
         if not real:  # a finding is real whatever else went wrong; nothing else passes
-            print("mambafuzz: the campaign did not really run (a tool failure, not a clean result)", file=sys.stderr)
+            ran = len(result.problems) == 1 and result.tool_errors  # its one problem: inputs it failed on
+            what = "mambafuzz failed on some inputs" if ran else "the campaign did not really run"
+            print(f"mambafuzz: {what} (a tool failure, not a clean result)", file=sys.stderr)
             return EXIT_TOOL
     return EXIT_FOUND if real else EXIT_CLEAN
 

@@ -86,6 +86,7 @@ class CampaignResult:
     first_finding_seconds: float | None
     log_tail: list[str]
     problems: list[str] = field(default_factory=list)  # why the campaign cannot count as having run
+    tool_errors: int = 0  # inputs mambafuzz itself failed on; the campaign went on past each
 
 
 @dataclass
@@ -193,6 +194,7 @@ class Campaign:
         self.start = time.monotonic()
         self.workers: dict[int, _Worker] = {}
         self.filed: list[dict] = []  # finding events, in arrival order
+        self.tool_errors: list[str] = []  # tool_error events' messages: inputs mambafuzz failed on
         self.first_finding: float | None = None
         self.lf_rss = 0
         self.stopped: set[int] = set()  # pids we signalled to stop
@@ -228,6 +230,9 @@ class Campaign:
         elif kind == "error":
             w.error = str(event.get("message", "?"))
             self.say(f"worker {w.proc.pid} cannot run: {w.error}")
+        elif kind == "tool_error":
+            self.tool_errors.append(str(event.get("message", "?")))
+            self.say(f"TOOL FAILURE (worker {w.proc.pid} goes on): {self.tool_errors[-1]}")
         elif kind == "finding":
             self.filed.append(event)
             if self.first_finding is None and not event.get("flaky"):
@@ -261,8 +266,9 @@ class Campaign:
                          + "\n".join(self.stats_rows) + "\n")
         if self.cfg.quiet:
             return
+        tool = f"  tool failures {len(self.tool_errors)}" if self.tool_errors else ""
         print(f"[{elapsed:6.1f}s] execs {execs} ({execs / elapsed:.0f}/s)  cov {cov if cov is not None else '-'}  "
-              f"corpus {corp if corp is not None else '-'}  findings {found} (dup hits {dups})  rss {rss}MB",
+              f"corpus {corp if corp is not None else '-'}  findings {found} (dup hits {dups}){tool}  rss {rss}MB",
               file=self.out, flush=True)
 
     def problems(self, interrupted: bool) -> list[str]:
@@ -278,6 +284,9 @@ class Campaign:
                 out.append(f"worker {w.proc.pid} exited {code} before it started: {last}")
             elif code not in NORMAL_EXITS and w.proc.pid not in self.stopped and not interrupted:
                 out.append(f"worker {w.proc.pid} died (exit {code}): {last}")
+        if self.tool_errors:
+            out.append(f"{len(self.tool_errors)} tool failure(s) on single inputs, each kept under "
+                       f"{self.cfg.findings}/tool-errors/ (the campaign went on); first: {self.tool_errors[0]}")
         if not interrupted and self.totals()[0] == 0:
             out.append("the campaign executed no input")
         return out
@@ -355,7 +364,7 @@ def _run(cfg: CampaignConfig, out: TextIO, workdir: Path) -> CampaignResult:
     tail = [line for w in campaign.workers.values() for line in w.tail][-40:]
     return CampaignResult([Path(e["path"]) for e in campaign.filed if e.get("path")], execs, campaign.elapsed(),
                           cov, corp, interrupted, [p.returncode for p in procs], campaign.first_finding, tail,
-                          campaign.problems(interrupted))
+                          campaign.problems(interrupted), len(campaign.tool_errors))
 
 
 def finding_meta(path: Path) -> dict:

@@ -24,6 +24,7 @@ from fuzz.exit_codes import EXIT_TOOL, ToolError
 from fuzz.model.inputs import decode_input
 from fuzz.model.scenario import Scenario, ScenarioError, with_runner
 from fuzz.search.worker_protocol import WorkerConfig, emit
+from fuzz.sim.vllm_compat import VllmUnsupported
 from fuzz.store.corpus import atomic_write, content_name
 from fuzz.store.finding_store import Filed, FindingStore, known_signatures
 
@@ -53,6 +54,7 @@ class Runtime:
                                       minimize_budget=config.minimize_budget, announce=False)
         self.execs = 0
         self.rejected = 0
+        self.tool_errors = 0  # inputs mambafuzz itself failed on (kept under findings/tool-errors/)
         self.started = time.monotonic()
         self._last_status = self.started
 
@@ -85,8 +87,11 @@ class Runtime:
         except ScenarioError:
             self.rejected += 1
             return False
-        except ToolError as exc:
+        except VllmUnsupported as exc:  # every later input would fail the same way
             self.stop_on_tool_error(scenario, exc)
+        except ToolError as exc:
+            self.keep_tool_error(scenario, exc)
+            return False
         self.maybe_status()
         if filed is not None and self.config.stop_on_first and not filed.flaky:
             self.status(final=True)
@@ -94,14 +99,25 @@ class Runtime:
             os._exit(1)
         return filed is not None
 
-    def stop_on_tool_error(self, scenario: Scenario, exc: ToolError) -> NoReturn:
-        """mambafuzz itself failed on this input: keep the input for a person (beside the
-        findings, never as one), say so in an `error` event, and end the worker with exit 3."""
-        kept = Path(self.config.findings) / "tool-errors"
+    def _keep(self, scenario: Scenario) -> Path:
+        """Keep an input mambafuzz failed on for a person: beside the findings, never as one."""
         text = scenario.dumps()
-        path = kept / content_name(text, ".json")
+        path = Path(self.config.findings) / "tool-errors" / content_name(text, ".json")
         atomic_write(path, text)
-        emit("error", message=f"{exc} (input kept: {path})")
+        return path
+
+    def keep_tool_error(self, scenario: Scenario, exc: ToolError) -> None:
+        """mambafuzz itself failed on this input: keep it, count it, say so in a `tool_error`
+        event, and go on with the next input (a buggy vLLM must not end the campaign; libFuzzer's
+        -fork mode likewise goes on after a crash)."""
+        self.tool_errors += 1
+        emit("tool_error", message=f"{exc} (input kept: {self._keep(scenario)})")
+        self.maybe_status()
+
+    def stop_on_tool_error(self, scenario: Scenario, exc: ToolError) -> NoReturn:
+        """mambafuzz cannot run on this vLLM at all: keep the input, say so in an `error` event,
+        and end the worker with exit 3."""
+        emit("error", message=f"{exc} (input kept: {self._keep(scenario)})")
         self.status(final=True)
         sys.stdout.flush()
         os._exit(EXIT_TOOL)
@@ -129,7 +145,7 @@ class Runtime:
     def status(self, final: bool = False, **extra) -> None:
         """A `progress` event, or the `done` event when `final`."""
         emit("done" if final else "progress", execs=self.execs, rejected=self.rejected,
-             findings=len(self.store.filed), dups=self.store.duplicates,
+             findings=len(self.store.filed), dups=self.store.duplicates, tool_errors=self.tool_errors,
              seconds=round(time.monotonic() - self.started, 1), rss_mb=round(current_rss_mb()), **extra)
 
 
