@@ -24,7 +24,6 @@ from fuzz.exit_codes import EXIT_TOOL, ToolError
 from fuzz.model.inputs import decode_input
 from fuzz.model.scenario import Scenario, ScenarioError, with_runner
 from fuzz.search.worker_protocol import WorkerConfig, emit
-from fuzz.sim.vllm_compat import VllmUnsupported
 from fuzz.store.corpus import atomic_write, content_name
 from fuzz.store.finding_store import Filed, FindingStore, known_signatures
 
@@ -52,6 +51,11 @@ class Runtime:
             known = known_signatures([Path(d) for d in config.known_dirs], config.split, config.runner)
             self.store = FindingStore(Path(config.findings), config.split, known=known,
                                       minimize_budget=config.minimize_budget, announce=False)
+            if config.base:
+                from fuzz.search.base_oracle import BaseOracle
+
+                base = BaseOracle(config.base, config.split, config.known_fix_dirs)
+                self.store.base, self.store.base_label = base.signature_of, config.base
         self.execs = 0
         self.rejected = 0
         self.tool_errors = 0  # inputs mambafuzz itself failed on (kept under findings/tool-errors/)
@@ -87,13 +91,13 @@ class Runtime:
         except ScenarioError:
             self.rejected += 1
             return False
-        except VllmUnsupported as exc:  # every later input would fail the same way
-            self.stop_on_tool_error(scenario, exc)
         except ToolError as exc:
+            if exc.stops_worker:  # an unsupported vLLM: every later input would fail the same way
+                self.stop_on_tool_error(scenario, exc)
             self.keep_tool_error(scenario, exc)
             return False
         self.maybe_status()
-        if filed is not None and self.config.stop_on_first and not filed.flaky:
+        if filed is not None and self.config.stop_on_first and not filed.flaky and not filed.pre_existing:
             self.status(final=True)
             sys.stdout.flush()
             os._exit(1)
@@ -124,6 +128,7 @@ class Runtime:
 
     def report_finding(self, filed: Filed) -> None:
         emit("finding", signature=filed.signature, path=str(filed.path), flaky=filed.flaky,
+             pre_existing=filed.pre_existing,
              reproduced=filed.repro_rate, requests=filed.size[0], tokens=filed.size[2],
              minimize_seconds=round(filed.minimize_seconds, 2),
              seconds=round(time.monotonic() - self.started, 2))
