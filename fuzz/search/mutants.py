@@ -77,6 +77,14 @@ def split_realign_one_block_late() -> list[Patch]:
     return _split_patch(realign_one_block_late=True)
 
 
+@mutant("split: non-final chunk ends are aligned to the hash grid (prefix_match_unit), not the mamba block grid")
+def split_hash_grid() -> list[Patch]:
+    return [Rewrite(SPLIT_TARGET, ((
+        "aligned_end = end // block_size * block_size",
+        "aligned_end = end // self.hash_block_size * self.hash_block_size  # mutant: the hash grid",
+    ),))]
+
+
 @mutant("manager: the prompt-tail checkpoint position is one hash unit late in MambaManager")
 def manager_tail_position_late() -> list[Patch]:
     def make(original):

@@ -72,6 +72,7 @@ class CampaignConfig:
     known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: apply these bugs' fixes
     runner: str | None = None  # --runner: the model runner every scenario is run on
     target: str = "scheduler"  # --target: what judges an input (worker_protocol.TARGETS)
+    base: str | None = None  # --base: PR mode, judged against this vLLM (fuzz.search.base_oracle)
 
 
 @dataclass
@@ -87,6 +88,7 @@ class CampaignResult:
     log_tail: list[str]
     problems: list[str] = field(default_factory=list)  # why the campaign cannot count as having run
     tool_errors: int = 0  # inputs mambafuzz itself failed on; the campaign went on past each
+    pre_existing: list[Path] = field(default_factory=list)  # PR mode: findings its base shows too
 
 
 @dataclass
@@ -101,7 +103,8 @@ def worker_config(cfg: CampaignConfig, job: int, deadline: float = 0.0) -> Worke
     base = WorkerConfig(target=cfg.target, split=cfg.split, findings=str(cfg.findings), generator=cfg.generator,
                         stop_on_first=cfg.stop_on_first, minimize_budget=cfg.minimize_budget,
                         known_dirs=[str(d) for d in cfg.known_dirs], patches=list(cfg.patches),
-                        known_fix_dirs=list(cfg.known_fix_dirs), runner=cfg.runner, deadline=deadline)
+                        known_fix_dirs=list(cfg.known_fix_dirs), runner=cfg.runner, deadline=deadline,
+                        base=cfg.base)
     if cfg.generator != "random":
         return base
     base.seed = cfg.seed + job
@@ -195,6 +198,7 @@ class Campaign:
         self.workers: dict[int, _Worker] = {}
         self.filed: list[dict] = []  # finding events, in arrival order
         self.tool_errors: list[str] = []  # tool_error events' messages: inputs mambafuzz failed on
+        self.pre_existing: list[dict] = []  # PR mode: finding events the base shows too (never new)
         self.first_finding: float | None = None
         self.lf_rss = 0
         self.stopped: set[int] = set()  # pids we signalled to stop
@@ -233,6 +237,9 @@ class Campaign:
         elif kind == "tool_error":
             self.tool_errors.append(str(event.get("message", "?")))
             self.say(f"TOOL FAILURE (worker {w.proc.pid} goes on): {self.tool_errors[-1]}")
+        elif kind == "finding" and event.get("pre_existing"):
+            self.pre_existing.append(event)
+            self.say(f"PRE-EXISTING {event.get('signature')} (the base shows it too) -> {event.get('path')}")
         elif kind == "finding":
             self.filed.append(event)
             if self.first_finding is None and not event.get("flaky"):
@@ -364,7 +371,8 @@ def _run(cfg: CampaignConfig, out: TextIO, workdir: Path) -> CampaignResult:
     tail = [line for w in campaign.workers.values() for line in w.tail][-40:]
     return CampaignResult([Path(e["path"]) for e in campaign.filed if e.get("path")], execs, campaign.elapsed(),
                           cov, corp, interrupted, [p.returncode for p in procs], campaign.first_finding, tail,
-                          campaign.problems(interrupted), len(campaign.tool_errors))
+                          campaign.problems(interrupted), len(campaign.tool_errors),
+                          [Path(e["path"]) for e in campaign.pre_existing if e.get("path")])
 
 
 def finding_meta(path: Path) -> dict:

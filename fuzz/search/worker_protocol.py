@@ -49,6 +49,7 @@ class WorkerConfig:
     patches: list[str] = field(default_factory=list)  # --patch specs, applied to vLLM for every run
     known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: these known bugs' fixes
     runner: str | None = None  # v1 | v2: every scenario runs on it; None: each scenario's own engine.runner
+    base: str | None = None  # PR mode: the base vLLM ("installed" or an overlay dir; fuzz.search.base_oracle)
     # (conform target: the runner checked; None: both)
     # the random generator's own loop (libFuzzer workers take these as libFuzzer flags instead)
     seed: int = 0
