@@ -40,7 +40,7 @@ def _items(directory: Path) -> list[dict]:
 
 
 def _groups(findings: Path, new: list[dict]) -> list[dict]:
-    """The campaign's root-cause groups (FINDINGS/groups.json) of the new findings; a finding the
+    """The campaign's root-cause groups (FINDINGS/root-causes.jsonl) of the new findings; a finding the
     file does not name (or no file) is a group of its own."""
     files = {Path(i["file"]).name: i["file"] for i in new}  # the campaign may have named them from elsewhere
     groups = [{"root": files[Path(g["root"]).name],

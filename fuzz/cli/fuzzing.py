@@ -156,6 +156,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from fuzz.search.supervisor import CampaignConfig, finding_meta, run_campaign
     from fuzz.sim import splits
     from fuzz.sim.vllm_compat.resolve import check_all
+    from fuzz.store.grouping import GROUPS_FILE
 
     if args.target == "conform":  # before check_all imports vLLM's kernel modules with Triton off, since a
         from fuzz.checks import triton_cpu  # --patch checked here may name a conformance module (which needs them on)
@@ -221,7 +222,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
           + (f", {result.tool_errors} tool failure(s)" if result.tool_errors else "")
           + (" (interrupted)" if result.interrupted else ""))
     if groups:
-        print(f"root causes (every member kept; {Path(args.findings) / 'groups.json'}):")
+        print(f"root causes (every member kept; {Path(args.findings) / GROUPS_FILE}):")
     for i, g in enumerate(groups, 1):
         root = Path(g["root"])
         meta = finding_meta(root)
@@ -261,7 +262,7 @@ def _group_findings(paths: list[Path], split: str, findings: Path, patch_specs: 
                     known_fix_dirs: list[str], replay: bool = True) -> list[dict]:
     """Group this campaign's new findings by root cause, replaying (unless not `replay`: after
     Ctrl-C) under what its workers ran (the vLLM here, its --patch specs and known fixes), and
-    write FINDINGS/groups.json."""
+    write FINDINGS/root-causes.jsonl."""
     from fuzz.checks.pipeline import signature_of
     from fuzz.sim import patching
     from fuzz.store import grouping

@@ -9,8 +9,9 @@ stays on disk, and a report shows each group once:
   other's signature (either way round): the first case's requests reach the second symptom.
 
 A finding joins the first group whose first member either rule links it to; groups are
-written to FINDINGS/groups.json by the campaign, which replays under the campaign's own vLLM
-and patches, so the CI report can show them without replaying anything.
+written to FINDINGS/root-causes.jsonl (one group a line; not `*.json`, which names scenario
+files) by the campaign, which replays under the campaign's own vLLM and patches, so the CI
+report can show them without replaying anything.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from fuzz.exit_codes import ToolError
 from fuzz.model.scenario import Scenario
 from fuzz.store.corpus import atomic_write, iter_cases
 
-GROUPS_FILE = "groups.json"
+GROUPS_FILE = "root-causes.jsonl"
 Replay = Callable[[Scenario, str], "str | None"]  # (scenario, split) -> its coarse signature, None: clean
 
 
@@ -88,14 +89,14 @@ def group(found: list[Member], replay: Replay | None = None) -> list[dict]:
 
 def write(findings: Path, groups: list[dict]) -> Path:
     path = findings / GROUPS_FILE
-    atomic_write(path, json.dumps(groups, indent=1) + "\n")
+    atomic_write(path, "".join(json.dumps(g) + "\n" for g in groups))
     return path
 
 
 def read(findings: Path) -> list[dict] | None:
     """The groups a campaign wrote into `findings`, or None."""
     try:
-        data = json.loads((findings / GROUPS_FILE).read_text())
+        data = [json.loads(line) for line in (findings / GROUPS_FILE).read_text().splitlines() if line.strip()]
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, list) else None
+    return [g for g in data if isinstance(g, dict)]
