@@ -188,3 +188,28 @@ def test_a_worker_keeps_the_input_counts_a_tool_error_and_goes_on(monkeypatch, t
     assert not any(e["event"] == "error" for e in events) and events[-1]["tool_errors"] == 1
     kept = list((tmp_path / "f" / "tool-errors").glob("*.json"))
     assert len(kept) == 1 and not list((tmp_path / "f").glob("*.json"))  # kept beside, not filed as a finding
+
+
+def test_each_rule_of_vllms_row_contract_is_checked_by_name_before_the_harness_uses_the_row():
+    """State a buggy vLLM leaves inconsistent is a named contract finding, never an IndexError of
+    ours: a negative count, drafts with no token to verify them, a table without the state block."""
+    import pytest
+
+    from fuzz.sim import harness
+
+    block = 16
+    broken = [  # (start, tokens, drafts, request tokens, table, block size), the rule it breaks
+        ((-1, 4, 0, 10, [7], block), harness.ROW_WITHIN_TOKENS),
+        ((8, 4, 0, 10, [7], block), harness.ROW_WITHIN_TOKENS),
+        ((10, 2, 2, 10, [7], block), harness.ROW_VERIFIES_DRAFTS),
+        ((16, 4, 0, 40, [7], block), harness.ROW_STATE_IN_TABLE),
+        ((0, 1, 0, 1, [], None), harness.ROW_STATE_IN_TABLE),
+    ]
+    for args, rule in broken:
+        with pytest.raises(harness.SchedulerContractError) as raised:
+            harness.check_row("r0", *args)
+        assert raised.value.contract == rule, args
+        assert raised.value.crash(3).contract == rule
+    harness.check_row("r0", 16, 4, 0, 40, [7, 8], block)
+    harness.check_row("r0", 16, 4, 0, 40, [7], None)  # prefix caching off: the state lives in column 0
+    harness.check_row("r0", 9, 3, 2, 10, [7], block)  # one real token, then two drafts

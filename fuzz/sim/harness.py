@@ -72,12 +72,17 @@ SCHEDULER_OUTPUT = "scheduler-output"  # the location of a SchedulerContractErro
 # vLLM's contract for one scheduled row, each rule by name (the finding's mechanism):
 ROW_WITHIN_TOKENS = "row-within-tokens"  # the row covers tokens its request has
 ROW_VERIFIES_DRAFTS = "row-verifies-drafts"  # drafts follow at least one real token, whose output checks the first
+ROW_STATE_IN_TABLE = "row-state-in-table"  # the mamba block table holds the block the row's state goes to
 
 
-def check_row(rid: str, start: int, num_tokens: int, num_drafts: int, request_tokens: int) -> None:
-    """Raise SchedulerContractError when a row breaks vLLM's contract with its worker. A row
-    of drafts alone (a rollback that left too many tokens computed) made the harness index past
-    the row's outputs: a tool failure on a vLLM bug."""
+def check_row(rid: str, start: int, num_tokens: int, num_drafts: int, request_tokens: int,
+              table: list[int], block_size: int | None) -> None:
+    """Raise SchedulerContractError when a row breaks vLLM's contract with its worker, before
+    the harness uses the row. A negative count fails the first rule. A row of drafts alone (a
+    rollback that left too many tokens computed) made the harness index past the row's outputs,
+    and a table without the row's state block (column cdiv(start + num_tokens, block_size) - 1 in
+    align mode, 0 with `block_size` None: no prefix caching) past the table: tool failures on a
+    vLLM bug."""
     end = start + num_tokens - num_drafts
     if not 0 <= start <= end <= request_tokens:
         raise SchedulerContractError(ROW_WITHIN_TOKENS, f"{rid} is scheduled for tokens {start}..{end} "
@@ -85,6 +90,10 @@ def check_row(rid: str, start: int, num_tokens: int, num_drafts: int, request_to
     if num_drafts and start == end:
         raise SchedulerContractError(ROW_VERIFIES_DRAFTS, f"{rid} is scheduled for {num_drafts} draft(s) at token "
                                      f"{start} and no token of its own to verify them with")
+    column = -(-(start + num_tokens) // block_size) - 1 if block_size else 0
+    if column >= len(table):
+        raise SchedulerContractError(ROW_STATE_IN_TABLE, f"{rid} is scheduled up to token {start + num_tokens} (state "
+                                     f"block column {column}) but its mamba block table has {len(table)} block(s)")
 
 
 class HarnessError(ToolError):
@@ -330,8 +339,9 @@ class _Runner:
         num_drafts = len(drafts)
         start = req.num_computed_tokens - n  # schedule() already advanced it
         end = start + n - num_drafts  # the row's real tokens end here; its drafts follow
-        check_row(rid, start, n, num_drafts, len(truth.tokens))
         tables = (self.session.mamba_block_ids(rid),)
+        check_row(rid, start, n, num_drafts, len(truth.tokens), tables[0],
+                  self.s.engine.mamba_block_size if self.prefix_caching else None)
         num_prompt = req.num_prompt_tokens
         spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, truth, num_prompt,
                                             live.prefill_len or num_prompt)
