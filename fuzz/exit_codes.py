@@ -27,6 +27,8 @@ class UsageError(Exception):
 class ToolError(Exception):
     """mambafuzz could not do its job; the message is printed as one line and the command exits 3."""
 
+    stops_worker = False  # True: every later input would fail the same way, so a fuzz worker stops
+
 
 def one_line(exc: BaseException, where: bool = False) -> str:
     """`Type: first line of the message`, and with `where` the innermost frame

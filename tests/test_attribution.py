@@ -141,3 +141,35 @@ def test_the_connector_admission_fix_admits_what_unmodified_vllm_admits():
     fix = [b for b in attribution.known_bugs_for(KNOWN, "fixed")
            if b.name == "connector_admission_estimate_short_per_mamba_group"]
     assert attribution.clean_under(scenario, "fixed", fix)
+
+
+def test_pr_mode_files_what_its_base_does_not_show_even_where_a_known_fix_explains_it(tmp_path):
+    """The PR's vLLM (here: the hash-grid split bug planted in this process) against its base (the
+    installed vLLM, in the base process). A known fix also makes the planted bug's case clean, so
+    attribution by fix dropped it as known; against the base it is new. An upstream case the base
+    shows too is recorded as pre-existing, labelled by its fix, and is not new."""
+    from fuzz.checks.pipeline import signature_of
+    from fuzz.search import mutants
+    from fuzz.search.base_oracle import BaseOracle
+
+    planted = corpus.load_case(ROOT / "tests" / "data" / "split_hash_grid_clean_under_a_known_fix.json").scenario
+    upstream = corpus.load_case(MIDBLOCK / "internal_checkpoint_poison_read_back.json").scenario
+    known = known_signatures(KNOWN, "fixed")
+    base = BaseOracle("installed", "fixed")
+    pr = FindingStore(tmp_path / "pr", "fixed", known=known, minimize_budget=5, announce=False)
+    pr.base, pr.base_label = base.signature_of, "installed"
+    by_fix = FindingStore(tmp_path / "by-fix", "fixed", known=known, minimize_budget=5, announce=False)
+    try:
+        with patching.applied(mutants.patches("split_hash_grid")):
+            sig = signature_of(planted, "fixed")
+            assert sig == "slot_hash:short/chunk-end+ckpt"
+            assert by_fix.handle(planted, sig, "planted", {}) is None  # a known fix explains it
+            filed = pr.handle(planted, sig, "planted", {})
+            pre = pr.handle(upstream, signature_of(upstream, "fixed"), "upstream", {})
+    finally:
+        base.close()
+    meta = corpus.load_case(filed.path).extra["finding"]
+    assert not filed.pre_existing and meta["base"] == {"where": "installed", "signature": None}
+    assert meta["attribution"]["known"] == ["internal_checkpoint_midblock_resume"]  # a label only
+    assert pre.pre_existing and pre.path.parent.name == "pre-existing" and pr.filed == [filed]
+    assert corpus.load_case(pre.path).extra["finding"]["attribution"]["known"] == ["internal_checkpoint_midblock_resume"]

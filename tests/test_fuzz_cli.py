@@ -60,6 +60,9 @@ def test_fuzz_usage_errors(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert main(["fuzz", "--findings", str(tmp_path / "file"), "--max-time", "1"]) == 2
     assert "not a directory" in capsys.readouterr().err
+    assert main(["fuzz", "--base", str(tmp_path), "--max-time", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--base" in err and "pr-overlay" in err and len(err.strip().splitlines()) == 1
 
 
 def test_minimize_command_keeps_the_signature(tmp_path, capsys):
@@ -191,6 +194,42 @@ def test_a_campaign_that_ran_nothing_or_lost_a_worker_is_a_problem(tmp_path, mon
     healthy = _stand_in('@@event {"event":"started","pid":1}', '@@event {"event":"done","pid":1,"execs":2}')
     monkeypatch.setattr(supervisor, "launches", lambda cfg, workdir: [supervisor.Launch(healthy, WorkerConfig())])
     assert supervisor.run_campaign(_config(tmp_path, jobs=1), out=open(os.devnull, "w")).problems == []
+
+
+def test_tool_failures_on_single_inputs_are_counted_and_the_campaign_goes_on(tmp_path, monkeypatch, capsys):
+    """A worker that failed on some inputs and went on: the campaign counts them, names where the
+    inputs are kept, and `mambafuzz fuzz` still exits 3 (a tool failure, not a clean result)."""
+    from fuzz.search import supervisor
+    from fuzz.search.worker_protocol import WorkerConfig
+
+    worker = _stand_in('@@event {"event":"started","pid":1}',
+                       '@@event {"event":"tool_error","pid":1,"message":"IndexError: x (input kept: k.json)"}',
+                       '@@event {"event":"tool_error","pid":1,"message":"IndexError: y (input kept: l.json)"}',
+                       '@@event {"event":"done","pid":1,"execs":5,"tool_errors":2}')
+    monkeypatch.setattr(supervisor, "launches", lambda cfg, workdir: [supervisor.Launch(worker, WorkerConfig())])
+    result = supervisor.run_campaign(_config(tmp_path, jobs=1, stop_on_first=False), out=open(os.devnull, "w"))
+    assert result.tool_errors == 2 and result.execs == 5
+    assert len(result.problems) == 1 and "2 tool failure(s)" in result.problems[0], result.problems
+    monkeypatch.setattr(supervisor, "run_campaign", lambda cfg: result)
+    assert main(["fuzz", "--max-time", "1", "--corpus", str(tmp_path / "c"), "--findings", str(tmp_path / "f")]) == 3
+    captured = capsys.readouterr()
+    assert "2 tool failure(s)" in captured.out and "failed on some inputs" in captured.err
+
+
+def test_a_pre_existing_finding_is_reported_and_is_not_new(tmp_path, monkeypatch):
+    """PR mode: a finding the base shows too is listed apart and does not make the campaign fail."""
+    from fuzz.search import supervisor
+    from fuzz.search.worker_protocol import WorkerConfig
+
+    worker = _stand_in('@@event {"event":"started","pid":1}',
+                       '@@event {"event":"finding","pid":1,"signature":"stall:x","path":"p.json","pre_existing":true}',
+                       '@@event {"event":"done","pid":1,"execs":3}')
+    monkeypatch.setattr(supervisor, "launches", lambda cfg, workdir: [supervisor.Launch(worker, WorkerConfig())])
+    result = supervisor.run_campaign(_config(tmp_path, jobs=1, stop_on_first=True), out=open(os.devnull, "w"))
+    assert result.new_files == [] and result.pre_existing == [Path("p.json")] and result.first_finding_seconds is None
+    monkeypatch.setattr(supervisor, "run_campaign", lambda cfg: result)
+    assert main(["fuzz", "--max-time", "1", "--corpus", str(tmp_path / "c"), "--findings", str(tmp_path / "f"),
+                 "--base", "installed"]) == 0
 
 
 def _python3_without_vllm(tmp_path) -> Path:

@@ -168,21 +168,48 @@ def test_an_exception_of_the_harness_itself_is_a_tool_error_not_a_vllm_crash(mon
     assert issubclass(harness.HarnessError, ToolError)
 
 
-def test_a_worker_keeps_the_input_and_exits_3_on_a_tool_error(monkeypatch, tmp_path, capsys):
-    import pytest
-
+def test_a_worker_keeps_the_input_counts_a_tool_error_and_goes_on(monkeypatch, tmp_path, capsys):
+    """A buggy vLLM must never end a campaign: a tool failure on one input is kept and counted,
+    and the worker runs the next input (it used to exit 3 and fuzz nothing more)."""
     from fuzz.search import target_runtime
     from fuzz.search.worker_protocol import WorkerConfig, parse_event
     from fuzz.sim.kernel_model import KernelModel
 
     rt = target_runtime.Runtime(WorkerConfig(findings=str(tmp_path / "f"), generator="random"))
-    monkeypatch.setattr(KernelModel, "run_row", lambda self, *a, **k: [][1])
-    monkeypatch.setattr(target_runtime.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
-    with pytest.raises(SystemExit) as stop:
-        rt.run_scenario(first_chunk_scenario(), {"input": "test"})
-    assert stop.value.code == 3
-    events = [parse_event(line) for line in capsys.readouterr().out.splitlines()]
-    error = next(e for e in events if e and e["event"] == "error")
+    with monkeypatch.context() as m:
+        m.setattr(KernelModel, "run_row", lambda self, *a, **k: [][1])
+        assert rt.run_scenario(first_chunk_scenario(), {"input": "test"}) is False
+    rt.run_scenario(first_chunk_scenario(), {"input": "test"})  # the next input runs
+    assert rt.execs == 1 and rt.tool_errors == 1
+    rt.status(final=True)
+    events = [e for e in map(parse_event, capsys.readouterr().out.splitlines()) if e]
+    error = next(e for e in events if e["event"] == "tool_error")
     assert "the harness itself raised IndexError" in error["message"]
+    assert not any(e["event"] == "error" for e in events) and events[-1]["tool_errors"] == 1
     kept = list((tmp_path / "f" / "tool-errors").glob("*.json"))
     assert len(kept) == 1 and not list((tmp_path / "f").glob("*.json"))  # kept beside, not filed as a finding
+
+
+def test_each_rule_of_vllms_row_contract_is_checked_by_name_before_the_harness_uses_the_row():
+    """State a buggy vLLM leaves inconsistent is a named contract finding, never an IndexError of
+    ours: a negative count, drafts with no token to verify them, a table without the state block."""
+    import pytest
+
+    from fuzz.sim import harness
+
+    block = 16
+    broken = [  # (start, tokens, drafts, request tokens, table, block size), the rule it breaks
+        ((-1, 4, 0, 10, [7], block), harness.ROW_WITHIN_TOKENS),
+        ((8, 4, 0, 10, [7], block), harness.ROW_WITHIN_TOKENS),
+        ((10, 2, 2, 10, [7], block), harness.ROW_VERIFIES_DRAFTS),
+        ((16, 4, 0, 40, [7], block), harness.ROW_STATE_IN_TABLE),
+        ((0, 1, 0, 1, [], None), harness.ROW_STATE_IN_TABLE),
+    ]
+    for args, rule in broken:
+        with pytest.raises(harness.SchedulerContractError) as raised:
+            harness.check_row("r0", *args)
+        assert raised.value.contract == rule, args
+        assert raised.value.crash(3).contract == rule
+    harness.check_row("r0", 16, 4, 0, 40, [7, 8], block)
+    harness.check_row("r0", 16, 4, 0, 40, [7], None)  # prefix caching off: the state lives in column 0
+    harness.check_row("r0", 9, 3, 2, 10, [7], block)  # one real token, then two drafts

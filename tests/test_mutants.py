@@ -44,5 +44,20 @@ def test_a_row_scheduled_past_its_tokens_is_a_finding_not_a_tool_failure():
 
     case = corpus.load_case(Path(__file__).parent / "data" / "spec_no_rollback_schedules_past_tokens.json")
     with_bug = evaluate(case.scenario, "fixed", efficiency=False, patches=mutants.patches("spec_no_rollback")).verdict
-    assert with_bug.primary.signature == "vllm_crash:SchedulerContract@scheduler-output", with_bug.primary.message
+    assert with_bug.primary.fine_signature == "vllm_crash:SchedulerContract@scheduler-output|row-within-tokens", \
+        with_bug.primary.message
+    assert evaluate(case.scenario, "fixed", efficiency=False).verdict.clean
+
+
+def test_a_row_of_drafts_alone_is_a_contract_finding_not_a_tool_failure():
+    """Half a rollback of rejected drafts leaves a request computed up to its last token, and vLLM
+    schedules a row of drafts with no token of its own to verify them: the harness used to index
+    past the row's outputs (IndexError in `_accept`, a tool failure that stopped the worker)."""
+    from fuzz.checks.pipeline import evaluate
+
+    case = corpus.load_case(Path(__file__).parent / "data" / "spec_half_rollback_drafts_without_a_token.json")
+    with_bug = evaluate(case.scenario, "fixed", efficiency=False, patches=mutants.patches("spec_half_rollback")).verdict
+    assert with_bug.primary.fine_signature == "vllm_crash:SchedulerContract@scheduler-output|row-verifies-drafts", \
+        with_bug.primary.message
+    assert "no token of its own" in with_bug.primary.message
     assert evaluate(case.scenario, "fixed", efficiency=False).verdict.clean

@@ -269,7 +269,7 @@ def check_crash(trace: Trace) -> Finding | None:
         return None
     frame = c.vllm_frame.split(":")[0] + ":" + c.vllm_frame.split(" in ")[-1] if " in " in c.vllm_frame else c.vllm_frame
     return VllmCrash(f"step {c.step}: {c.exc_type}: {c.message} (at {c.vllm_frame})",
-                     location=f"{c.exc_type}@{frame}", step=c.step)
+                     location=f"{c.exc_type}@{frame}", step=c.step, mechanism=c.contract)
 
 
 def runner_caused_reads(trace: Trace) -> set[str]:

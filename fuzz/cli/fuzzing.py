@@ -59,6 +59,11 @@ def add_commands(sub) -> None:
     f.add_argument("--known", nargs="*", default=DEFAULT_KNOWN, metavar="DIR",
                    help="cases whose signatures are not new (default corpus/regressions corpus/upstream)")
     f.add_argument("--stop-on-first", action="store_true", help="stop at the first new finding")
+    f.add_argument("--base", metavar="VLLM", default=None,
+                   help="PR mode: judge every violation against this base vLLM, 'installed' (this environment's "
+                        "vLLM without PYTHONPATH overlays or a planted mutant) or a directory made by ci/pr-overlay; "
+                        "a violation the base shows too is recorded under FINDINGS/pre-existing/, labelled by the "
+                        "known fixes, and is not new; known fixes then label findings and drop none")
     f.add_argument("--with-known-fixes", action="store_true",
                    help="run every input on vLLM plus the candidate fix of every known bug under --known, so what "
                         "is found is what those fixes leave (a fix that no longer applies is named and skipped)")
@@ -155,6 +160,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from fuzz.search.supervisor import CampaignConfig, finding_meta, run_campaign
     from fuzz.sim import splits
     from fuzz.sim.vllm_compat.resolve import check_all
+    from fuzz.store.grouping import GROUPS_FILE
 
     if args.target == "conform":  # before check_all imports vLLM's kernel modules with Triton off, since a
         from fuzz.checks import triton_cpu  # --patch checked here may name a conformance module (which needs them on)
@@ -176,6 +182,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         if args.with_known_fixes or args.confirm_engine:
             flag = "--with-known-fixes" if args.with_known_fixes else "--confirm-engine"
             raise _usage(f"--target conform: {flag} does not apply (it is about the scheduler target's findings)")
+    base = None
+    if args.base is not None:
+        from fuzz.search.base_oracle import check_where
+
+        if args.target == "conform":
+            raise _usage("--target conform: --base does not apply (it is about the scheduler target's findings)")
+        base = check_where(args.base)
     if not args.max_time and not args.runs:
         raise _usage("give --max-time or --runs (a run needs a bound)")
     if args.generator != "random":
@@ -197,7 +210,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         minimize_budget=args.minimize_budget, rss_limit_mb=args.rss_limit_mb,
         libfuzzer_args=list(args.libfuzzer_args), quiet=args.quiet,
         stats_file=Path(args.stats) if args.stats else None, patches=patch_specs, known_fix_dirs=known_fix_dirs,
-        runner=args.runner, target=args.target, scheduling=args.scheduling)
+        runner=args.runner, target=args.target, scheduling=args.scheduling, base=base)
     runner = f", model runner {args.runner}" if args.runner else ""
     if args.scheduling:
         runner += f", {args.scheduling} scheduling"
@@ -207,15 +220,32 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
           f"findings in {args.findings}/", flush=True)
     result = run_campaign(cfg)
     real = [p for p in result.new_files if not p.name.startswith("flaky-")]
+    groups = (_group_findings(real, args.split, Path(args.findings), patch_specs, known_fix_dirs,
+                              replay=not result.interrupted) if real else [])
     print(f"\nsummary: {result.execs} executions in {result.seconds:.1f}s, {len(real)} new finding(s)"
+          + (f" from {len(groups)} root cause(s)" if groups else "")
           + (f", {len(result.new_files) - len(real)} flaky" if len(result.new_files) > len(real) else "")
+          + (f", {result.tool_errors} tool failure(s)" if result.tool_errors else "")
           + (" (interrupted)" if result.interrupted else ""))
     if any(result.modes.values()):
         print("  scheduling: " + ", ".join(f"{n} {mode}" for mode, n in sorted(result.modes.items())))
+    if groups:
+        print(f"root causes (every member kept; {Path(args.findings) / GROUPS_FILE}):")
+    for i, g in enumerate(groups, 1):
+        root = Path(g["root"])
+        meta = finding_meta(root)
+        print(f"  group {i}: {meta.get('fine_signature', '?')}  reproduced {meta.get('reproduced', '?')}  {root}")
+        print(f"    repro: {meta.get('repro') or f'mambafuzz repro {root} --split {args.split}'}")
+        for m in g["members"][1:]:
+            print(f"    + {m['fine_signature']} [{m['why']}]  {m['path']}")
     for p in result.new_files:
-        meta = finding_meta(p)
-        print(f"  {meta.get('signature', '?')}  reproduced {meta.get('reproduced', '?')}  {p}")
-        print(f"    repro: {meta.get('repro') or f'mambafuzz repro {p} --split {args.split}'}")
+        if p not in real:
+            print(f"  flaky: {finding_meta(p).get('signature', '?')}  reproduced {finding_meta(p).get('reproduced')}  {p}")
+    if result.pre_existing:
+        print(f"{len(result.pre_existing)} pre-existing (the base {args.base} shows them too; not new):")
+        for p in result.pre_existing:
+            known = finding_meta(p).get("attribution", {}).get("known") or ["no known fix explains it"]
+            print(f"  {finding_meta(p).get('fine_signature', '?')}  [{', '.join(known)}]  {p}")
     if args.confirm_engine:
         to_confirm = [p for p in real if p.exists()]
         if result.interrupted and to_confirm:
@@ -229,9 +259,29 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         for line in result.log_tail[-15:]:
             print(f"  | {line}", file=sys.stderr)
         if not real:  # a finding is real whatever else went wrong; nothing else passes
-            print("mambafuzz: the campaign did not really run (a tool failure, not a clean result)", file=sys.stderr)
+            ran = len(result.problems) == 1 and result.tool_errors  # its one problem: inputs it failed on
+            what = "mambafuzz failed on some inputs" if ran else "the campaign did not really run"
+            print(f"mambafuzz: {what} (a tool failure, not a clean result)", file=sys.stderr)
             return EXIT_TOOL
     return EXIT_FOUND if real else EXIT_CLEAN
+
+
+def _group_findings(paths: list[Path], split: str, findings: Path, patch_specs: list[str],
+                    known_fix_dirs: list[str], replay: bool = True) -> list[dict]:
+    """Group this campaign's new findings by root cause, replaying (unless not `replay`: after
+    Ctrl-C) under what its workers ran (the vLLM here, its --patch specs and known fixes), and
+    write FINDINGS/root-causes.jsonl."""
+    from fuzz.checks.pipeline import signature_of
+    from fuzz.sim import patching
+    from fuzz.store import grouping
+    from fuzz.store.known_bugs import known_fix_bugs
+
+    patches = [p for spec in patch_specs for p in patching.load_patches(spec)]
+    patches += [p for b in known_fix_bugs([Path(d) for d in known_fix_dirs]) if b.fix_error is None for p in b.patches]
+    groups = grouping.group(grouping.members([p for p in paths if p.exists()]),
+                            (lambda scenario, split: signature_of(scenario, split, patches)) if replay else None)
+    grouping.write(findings, groups)
+    return groups
 
 
 def _worker_patches(args: argparse.Namespace, known_dirs: list[Path]) -> tuple[list[str], list[str]]:

@@ -77,6 +77,14 @@ def split_realign_one_block_late() -> list[Patch]:
     return _split_patch(realign_one_block_late=True)
 
 
+@mutant("split: non-final chunk ends are aligned to the hash grid (prefix_match_unit), not the mamba block grid")
+def split_hash_grid() -> list[Patch]:
+    return [Rewrite(SPLIT_TARGET, ((
+        "aligned_end = end // block_size * block_size",
+        "aligned_end = end // self.hash_block_size * self.hash_block_size  # mutant: the hash grid",
+    ),))]
+
+
 @mutant("manager: the prompt-tail checkpoint position is one hash unit late in MambaManager")
 def manager_tail_position_late() -> list[Patch]:
     def make(original):
@@ -175,17 +183,22 @@ def retention_mask_shifted() -> list[Patch]:
     return [Wrap(f"{MAMBA}.reachable_block_mask", make)]
 
 
+def _rollback_patch(rolled_back: str) -> list[Patch]:
+    """update_from_output with `rolled_back` in place of the rollback of rejected drafts."""
+    return [Rewrite(f"{SCHED}.update_from_output", ((
+        "request.num_computed_tokens -= num_rejected",
+        rolled_back,
+    ),))]
+
+
 @mutant("spec decode: rejected draft tokens are not rolled back from num_computed_tokens")
 def spec_no_rollback() -> list[Patch]:
-    return [Rewrite(f"{SCHED}.update_from_output", ((
-        """
-        if request.num_computed_tokens > 0:
-            request.num_computed_tokens -= num_rejected
-        """,
-        """
-        if request.num_computed_tokens > 0:
-            pass  # mutant: rejected drafts stay computed
-        """),))]
+    return _rollback_patch("pass  # mutant: rejected drafts stay computed")
+
+
+@mutant("spec decode: only half of the rejected draft tokens are rolled back from num_computed_tokens")
+def spec_half_rollback() -> list[Patch]:
+    return _rollback_patch("request.num_computed_tokens -= num_rejected // 2  # mutant: half rolled back")
 
 
 @mutant("preemption: a preempted request resumes with its old num_computed_tokens")

@@ -73,6 +73,7 @@ class CampaignConfig:
     runner: str | None = None  # --runner: the model runner every scenario is run on
     scheduling: str | None = None  # --scheduling: the scheduling mode every scenario is run in
     target: str = "scheduler"  # --target: what judges an input (worker_protocol.TARGETS)
+    base: str | None = None  # --base: PR mode, judged against this vLLM (fuzz.search.base_oracle)
 
 
 @dataclass
@@ -87,6 +88,8 @@ class CampaignResult:
     first_finding_seconds: float | None
     log_tail: list[str]
     problems: list[str] = field(default_factory=list)  # why the campaign cannot count as having run
+    tool_errors: int = 0  # inputs mambafuzz itself failed on; the campaign went on past each
+    pre_existing: list[Path] = field(default_factory=list)  # PR mode: findings its base shows too
     modes: dict[str, int] = field(default_factory=dict)  # executions per scheduling mode (the workers' own counts)
 
 
@@ -103,7 +106,7 @@ def worker_config(cfg: CampaignConfig, job: int, deadline: float = 0.0) -> Worke
                         stop_on_first=cfg.stop_on_first, minimize_budget=cfg.minimize_budget,
                         known_dirs=[str(d) for d in cfg.known_dirs], patches=list(cfg.patches),
                         known_fix_dirs=list(cfg.known_fix_dirs), runner=cfg.runner, deadline=deadline,
-                        scheduling=cfg.scheduling)
+                        scheduling=cfg.scheduling, base=cfg.base)
     if cfg.generator != "random":
         return base
     base.seed = cfg.seed + job
@@ -196,6 +199,8 @@ class Campaign:
         self.start = time.monotonic()
         self.workers: dict[int, _Worker] = {}
         self.filed: list[dict] = []  # finding events, in arrival order
+        self.tool_errors: list[str] = []  # tool_error events' messages: inputs mambafuzz failed on
+        self.pre_existing: list[dict] = []  # PR mode: finding events the base shows too (never new)
         self.first_finding: float | None = None
         self.lf_rss = 0
         self.stopped: set[int] = set()  # pids we signalled to stop
@@ -231,6 +236,12 @@ class Campaign:
         elif kind == "error":
             w.error = str(event.get("message", "?"))
             self.say(f"worker {w.proc.pid} cannot run: {w.error}")
+        elif kind == "tool_error":
+            self.tool_errors.append(str(event.get("message", "?")))
+            self.say(f"TOOL FAILURE (worker {w.proc.pid} goes on): {self.tool_errors[-1]}")
+        elif kind == "finding" and event.get("pre_existing"):
+            self.pre_existing.append(event)
+            self.say(f"PRE-EXISTING {event.get('signature')} (the base shows it too) -> {event.get('path')}")
         elif kind == "finding":
             self.filed.append(event)
             if self.first_finding is None and not event.get("flaky"):
@@ -264,8 +275,9 @@ class Campaign:
                          + "\n".join(self.stats_rows) + "\n")
         if self.cfg.quiet:
             return
+        tool = f"  tool failures {len(self.tool_errors)}" if self.tool_errors else ""
         print(f"[{elapsed:6.1f}s] execs {execs} ({execs / elapsed:.0f}/s)  cov {cov if cov is not None else '-'}  "
-              f"corpus {corp if corp is not None else '-'}  findings {found} (dup hits {dups})  rss {rss}MB",
+              f"corpus {corp if corp is not None else '-'}  findings {found} (dup hits {dups}){tool}  rss {rss}MB",
               file=self.out, flush=True)
 
     def problems(self, interrupted: bool) -> list[str]:
@@ -281,6 +293,9 @@ class Campaign:
                 out.append(f"worker {w.proc.pid} exited {code} before it started: {last}")
             elif code not in NORMAL_EXITS and w.proc.pid not in self.stopped and not interrupted:
                 out.append(f"worker {w.proc.pid} died (exit {code}): {last}")
+        if self.tool_errors:
+            out.append(f"{len(self.tool_errors)} tool failure(s) on single inputs, each kept under "
+                       f"{self.cfg.findings}/tool-errors/ (the campaign went on); first: {self.tool_errors[0]}")
         if not interrupted and self.totals()[0] == 0:
             out.append("the campaign executed no input")
         return out
@@ -362,7 +377,8 @@ def _run(cfg: CampaignConfig, out: TextIO, workdir: Path) -> CampaignResult:
             modes[mode] = modes.get(mode, 0) + int(n)
     return CampaignResult([Path(e["path"]) for e in campaign.filed if e.get("path")], execs, campaign.elapsed(),
                           cov, corp, interrupted, [p.returncode for p in procs], campaign.first_finding, tail,
-                          campaign.problems(interrupted), modes)
+                          campaign.problems(interrupted), len(campaign.tool_errors),
+                          [Path(e["path"]) for e in campaign.pre_existing if e.get("path")], modes)
 
 
 def finding_meta(path: Path) -> dict:

@@ -51,9 +51,15 @@ class Runtime:
             known = known_signatures([Path(d) for d in config.known_dirs], config.split, config.runner)
             self.store = FindingStore(Path(config.findings), config.split, known=known,
                                       minimize_budget=config.minimize_budget, announce=False)
+            if config.base:
+                from fuzz.search.base_oracle import BaseOracle
+
+                base = BaseOracle(config.base, config.split, config.known_fix_dirs)
+                self.store.base, self.store.base_label = base.signature_of, config.base
         self.execs = 0
         self.modes = {"sync": 0, "async": 0}  # executions per scheduling mode (unset counts as vLLM's: async)
         self.rejected = 0
+        self.tool_errors = 0  # inputs mambafuzz itself failed on (kept under findings/tool-errors/)
         self.started = time.monotonic()
         self._last_status = self.started
 
@@ -88,28 +94,43 @@ class Runtime:
             self.rejected += 1
             return False
         except ToolError as exc:
-            self.stop_on_tool_error(scenario, exc)
+            if exc.stops_worker:  # an unsupported vLLM: every later input would fail the same way
+                self.stop_on_tool_error(scenario, exc)
+            self.keep_tool_error(scenario, exc)
+            return False
         self.maybe_status()
-        if filed is not None and self.config.stop_on_first and not filed.flaky:
+        if filed is not None and self.config.stop_on_first and not filed.flaky and not filed.pre_existing:
             self.status(final=True)
             sys.stdout.flush()
             os._exit(1)
         return filed is not None
 
-    def stop_on_tool_error(self, scenario: Scenario, exc: ToolError) -> NoReturn:
-        """mambafuzz itself failed on this input: keep the input for a person (beside the
-        findings, never as one), say so in an `error` event, and end the worker with exit 3."""
-        kept = Path(self.config.findings) / "tool-errors"
+    def _keep(self, scenario: Scenario) -> Path:
+        """Keep an input mambafuzz failed on for a person: beside the findings, never as one."""
         text = scenario.dumps()
-        path = kept / content_name(text, ".json")
+        path = Path(self.config.findings) / "tool-errors" / content_name(text, ".json")
         atomic_write(path, text)
-        emit("error", message=f"{exc} (input kept: {path})")
+        return path
+
+    def keep_tool_error(self, scenario: Scenario, exc: ToolError) -> None:
+        """mambafuzz itself failed on this input: keep it, count it, say so in a `tool_error`
+        event, and go on with the next input (a buggy vLLM must not end the campaign; libFuzzer's
+        -fork mode likewise goes on after a crash)."""
+        self.tool_errors += 1
+        emit("tool_error", message=f"{exc} (input kept: {self._keep(scenario)})")
+        self.maybe_status()
+
+    def stop_on_tool_error(self, scenario: Scenario, exc: ToolError) -> NoReturn:
+        """mambafuzz cannot run on this vLLM at all: keep the input, say so in an `error` event,
+        and end the worker with exit 3."""
+        emit("error", message=f"{exc} (input kept: {self._keep(scenario)})")
         self.status(final=True)
         sys.stdout.flush()
         os._exit(EXIT_TOOL)
 
     def report_finding(self, filed: Filed) -> None:
         emit("finding", signature=filed.signature, path=str(filed.path), flaky=filed.flaky,
+             pre_existing=filed.pre_existing,
              reproduced=filed.repro_rate, requests=filed.size[0], tokens=filed.size[2],
              minimize_seconds=round(filed.minimize_seconds, 2),
              seconds=round(time.monotonic() - self.started, 2))
@@ -131,7 +152,7 @@ class Runtime:
     def status(self, final: bool = False, **extra) -> None:
         """A `progress` event, or the `done` event when `final`."""
         emit("done" if final else "progress", execs=self.execs, rejected=self.rejected,
-             findings=len(self.store.filed), dups=self.store.duplicates, modes=self.modes,
+             findings=len(self.store.filed), dups=self.store.duplicates, modes=self.modes, tool_errors=self.tool_errors,
              seconds=round(time.monotonic() - self.started, 1), rss_mb=round(current_rss_mb()), **extra)
 
 

@@ -6,7 +6,8 @@
   argv only; they inherit the environment and so read the same file.
 - Up: a worker prints JSON events, one per line, behind the prefix `@@event `: `started`
   (once it has imported vLLM and is ready to run inputs), `progress` (its counters),
-  `finding` (what it filed), `error` (why it cannot run) and `done`.  The supervisor acts on
+  `finding` (what it filed), `tool_error` (mambafuzz failed on one input, kept; the worker goes
+  on), `error` (why it cannot run) and `done`.  The supervisor acts on
   these alone; everything else a worker prints is log.  libFuzzer's own status lines are log
   too, read only for what no worker can know (libFuzzer's coverage and corpus counters).
 
@@ -25,7 +26,7 @@ from typing import Any
 
 CONFIG_ENV = "MAMBAFUZZ_WORKER_CONFIG"
 EVENT_PREFIX = "@@event "
-EVENTS = ("started", "progress", "finding", "error", "done")
+EVENTS = ("started", "progress", "finding", "tool_error", "error", "done")
 # What judges an input (`mambafuzz fuzz --target`): the oracles on the scheduler's run
 # (fuzz.checks.pipeline), or the kernel model against vLLM's own worker code (fuzz.checks.conform_target).
 TARGETS = ("scheduler", "conform")
@@ -48,6 +49,7 @@ class WorkerConfig:
     patches: list[str] = field(default_factory=list)  # --patch specs, applied to vLLM for every run
     known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: these known bugs' fixes
     runner: str | None = None  # v1 | v2: every scenario runs on it; None: each scenario's own engine.runner
+    base: str | None = None  # PR mode: the base vLLM ("installed" or an overlay dir; fuzz.search.base_oracle)
     # (conform target: the runner checked; None: both)
     scheduling: str | None = None  # sync | async | default: every scenario runs so; None: each scenario's own
     # the random generator's own loop (libFuzzer workers take these as libFuzzer flags instead)

@@ -67,19 +67,56 @@ def vllm_frame(exc: BaseException) -> str:
 
 
 class SchedulerContractError(Exception):
-    """vLLM's SchedulerOutput asks the worker for something no worker can run (a row that starts
-    past the tokens its request has). A finding located at the scheduler's output, not a tool
-    failure: a GPU worker would run it on garbage."""
+    """vLLM's SchedulerOutput asks the worker for something no worker can run. A finding located
+    at the scheduler's output, with the broken rule (`contract`) as its mechanism, not a tool
+    failure: a GPU worker would run it on garbage. Checked before the harness uses the state."""
+
+    def __init__(self, contract: str, message: str):
+        super().__init__(message)
+        self.contract = contract
+
+    def crash(self, step: int) -> Crash:
+        return Crash("SchedulerContract", str(self), SCHEDULER_OUTPUT, step, self.contract)
 
 
 SCHEDULER_OUTPUT = "scheduler-output"  # the location of a SchedulerContractError
 STALE_DELIVERY = "stale-delivery"  # ... raised on a stale delivery that moved a preempted request
+STALE_OUTPUT_CHANGES_NOTHING = "stale-output-changes-nothing"  # its rule
 
 
 class StaleDeliveryError(SchedulerContractError):
     """update_from_output applied a batch's output to a request preempted after that batch was
     scheduled, and moved its counters: the stale share must change nothing (AsyncScheduler
     `_update_request_with_output(is_stale=True)`, Scheduler.update_from_output's stale branch)."""
+
+    def crash(self, step: int) -> Crash:
+        return Crash("SchedulerContract", str(self), STALE_DELIVERY, step, self.contract)
+
+# vLLM's contract for one scheduled row, each rule by name (the finding's mechanism):
+ROW_WITHIN_TOKENS = "row-within-tokens"  # the row covers tokens its request has
+ROW_VERIFIES_DRAFTS = "row-verifies-drafts"  # drafts follow at least one real token, whose output checks the first
+ROW_STATE_IN_TABLE = "row-state-in-table"  # the mamba block table holds the block the row's state goes to
+
+
+def check_row(rid: str, start: int, num_tokens: int, num_drafts: int, request_tokens: int,
+              table: list[int], block_size: int | None) -> None:
+    """Raise SchedulerContractError when a row breaks vLLM's contract with its worker, before
+    the harness uses the row. A negative count fails the first rule. A row of drafts alone (a
+    rollback that left too many tokens computed) made the harness index past the row's outputs,
+    and a table without the row's state block (column cdiv(start + num_tokens, block_size) - 1 in
+    align mode, 0 with `block_size` None: no prefix caching) past the table: tool failures on a
+    vLLM bug."""
+    end = start + num_tokens - num_drafts
+    if not 0 <= start <= end <= request_tokens:
+        raise SchedulerContractError(ROW_WITHIN_TOKENS, f"{rid} is scheduled for tokens {start}..{end} "
+                                     f"(+{num_drafts} drafts) but has {request_tokens} tokens")
+    if num_drafts and start == end:
+        raise SchedulerContractError(ROW_VERIFIES_DRAFTS, f"{rid} is scheduled for {num_drafts} draft(s) at token "
+                                     f"{start} and no token of its own to verify them with")
+    column = -(-(start + num_tokens) // block_size) - 1 if block_size else 0
+    if column >= len(table):
+        raise SchedulerContractError(ROW_STATE_IN_TABLE, f"{rid} is scheduled up to token {start + num_tokens} (state "
+                                     f"block column {column}) but its mamba block table has {len(table)} block(s)")
 
 
 class HarnessError(ToolError):
@@ -225,8 +262,7 @@ class _Runner:
         except VllmUnsupported:
             raise
         except SchedulerContractError as exc:
-            where = STALE_DELIVERY if isinstance(exc, StaleDeliveryError) else SCHEDULER_OUTPUT
-            self.trace.crash = Crash("SchedulerContract", str(exc), where, step)
+            self.trace.crash = exc.crash(step)
         except Exception as exc:
             self.trace.crash = _crash_or_tool_error(exc, step)
         if self.prefix_caching and self.trace.crash is None and not self.trace.timed_out:
@@ -385,7 +421,7 @@ class _Runner:
             now = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
             if now != counts and not req.is_finished():
                 raise StaleDeliveryError(
-                    f"batch {batch.index}'s stale output for {rid} (preempted after it was scheduled) moved "
+                    STALE_OUTPUT_CHANGES_NOTHING, f"batch {batch.index}'s stale output for {rid} (preempted after it was scheduled) moved "
                     f"num_computed_tokens/num_output_placeholders from {counts} to {now}")
         self._after_update(rec, batch.scheduled)
 
@@ -422,10 +458,9 @@ class _Runner:
             live.known = req.num_tokens
         known = live.known
         end = start + n - num_drafts  # the row's real tokens end here; its drafts follow
-        if not 0 <= start <= end <= known:
-            raise SchedulerContractError(f"{rid} is scheduled for tokens {start}..{end} "
-                                         f"(+{num_drafts} drafts) but has {known} tokens")
         tables = (self.session.mamba_block_ids(rid),)
+        check_row(rid, start, n, num_drafts, known, tables[0],
+                  self.s.engine.mamba_block_size if self.prefix_caching else None)
         num_prompt = req.num_prompt_tokens
         spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, truth, num_prompt,
                                             live.prefill_len or num_prompt)

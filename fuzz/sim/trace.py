@@ -95,6 +95,7 @@ class Crash:
     message: str
     vllm_frame: str  # "path/in/vllm.py:line in function", the innermost vLLM frame
     step: int
+    contract: str = field(default="", repr=False)  # the rule a SchedulerContract crash broke (repr: digests stay)
 
 
 @dataclass

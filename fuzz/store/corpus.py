@@ -179,6 +179,7 @@ def content_name(data: str | bytes, suffix: str = ".json") -> str:
 
 # Files that live beside cases on purpose (a finding's analysis, its candidate fix): not junk.
 COMPANION_SUFFIXES = (".md", ".py")
+PRE_EXISTING = "pre-existing"  # FINDINGS/pre-existing/: what a PR's base shows too (never new)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from fuzz.checks.pipeline import fine_signature_of, signature_of
 from fuzz.model.scenario import Scenario
 from fuzz.search.minimizer import minimize
 from fuzz.sim.vllm_compat.about import vllm_version
-from fuzz.store.corpus import atomic_write, case_json, content_name, iter_cases
+from fuzz.store.corpus import PRE_EXISTING, atomic_write, case_json, content_name, iter_cases
 
 REPRO_RUNS = 3
 
@@ -97,6 +97,7 @@ class Filed:
     repro_rate: str
     minimize_seconds: float
     size: tuple[int, int, int]
+    pre_existing: bool = False  # PR mode: the base shows it too (recorded, not minimized, never new)
 
 
 @dataclass
@@ -114,6 +115,12 @@ class FindingStore:
     known_bugs: list[attribution.KnownBug] | None = None
     attributed: dict[str, int] = field(default_factory=dict)  # known bug -> instances seen
     judge: Judge | None = None  # None: the oracles under `split`
+    # PR mode (fuzz.search.base_oracle): how a scenario fails on the PR's base vLLM. A violation
+    # the base shows too is pre-existing: recorded under pre-existing/, labelled by the known
+    # fixes, never filed as new; known fixes then label findings and drop none.
+    base: Callable[[Scenario], str | None] | None = None
+    base_label: str = ""
+    pre_existing: list[Filed] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.findings_dir = Path(self.findings_dir)
@@ -126,9 +133,12 @@ class FindingStore:
         # Fine signatures filed as new, here or by an earlier run into the same directory (an
         # older finding without one counts by its coarse signature).
         self.new_signatures: set[str] = set()
+        self.pre_existing_signatures: set[str] = set()
         for case in iter_cases([self.findings_dir], warn=lambda msg: None):
             meta = case.extra.get("finding")
-            if isinstance(meta, dict) and meta.get("split") == self.split and meta.get("signature"):
+            if isinstance(meta, dict) and meta.get("pre_existing") and meta.get("signature"):
+                self.pre_existing_signatures.add(meta.get("fine_signature") or meta["signature"])
+            elif isinstance(meta, dict) and meta.get("split") == self.split and meta.get("signature"):
                 self.new_signatures.add(meta.get("fine_signature") or meta["signature"])
                 if meta.get("fine_signature_found"):
                     self.new_signatures.add(meta["fine_signature_found"])
@@ -166,13 +176,60 @@ class FindingStore:
         match; `fine_signature` (default: the coarse one) only keys the within-campaign dedup."""
         self._closest = None
         fine = fine_signature or signature
+        if self.base is not None:
+            return self._handle_against_base(scenario, signature, message, origin, raw, fine)
         if self.is_duplicate(scenario, signature, fine) is not None:
             self.duplicates += 1
             return None
-        self.new_signatures.add(fine)
         closest = self._closest
         # A new bug that looks like a known one must not minimize into an instance of it.
         lookalikes = [closest.closest] if closest is not None and closest.closest is not None else []
+        return self._file(scenario, signature, message, origin, raw, fine, lambda c: not self._explained(c, lookalikes),
+                          {"attribution": closest.to_json()} if closest is not None else {},
+                          closest.closest if closest is not None else None, closest.reason if closest else "")
+
+    def _label(self, scenario: Scenario, signature: str) -> attribution.Attribution | None:
+        """Which known fixes explain `scenario` (a label in PR mode, never a reason to drop it)."""
+        return attribution.attribute(scenario, self.split, signature, self.known_bugs) if self.known_bugs else None
+
+    def _handle_against_base(self, scenario: Scenario, signature: str, message: str, origin: dict,
+                             raw: bytes | None, fine: str) -> Filed | None:
+        """PR mode: a violation fails the PR only when the base does not show it; one the base
+        shows too is recorded once per fine signature as pre-existing, with its known-fix label.
+        The base is asked even when a pre-existing finding has the same fine signature: a new
+        bug can poison a slot the way an old one does (the hash-grid split bug and the mid-block
+        checkpoint bug)."""
+        if fine in self.new_signatures:
+            self.duplicates += 1
+            return None
+        on_base = self.base(scenario)
+        base_meta = {"base": {"where": self.base_label, "signature": on_base}}
+        if on_base == signature:
+            if fine in self.pre_existing_signatures:
+                self.duplicates += 1
+                return None
+            self.pre_existing_signatures.add(fine)
+            label = self._label(scenario, signature)
+            name = slug(f"{self.judge.label}-{fine}")
+            path = self.findings_dir / PRE_EXISTING / f"{name}.json"
+            meta = {"signature": signature, "fine_signature": fine, "kind": signature.split(":")[0],
+                    "split": self.split, "message": message, "origin": origin, "pre_existing": True,
+                    "vllm": vllm_version(), "repro": self.judge.repro(path, signature), **base_meta,
+                    **({"attribution": label.to_json()} if label is not None else {})}
+            atomic_write(path, case_json(scenario, finding=meta, note=f"pre-existing (the base shows it): {message}"))
+            filed = Filed(signature, path, False, "1/1", 0.0, scenario.size(), pre_existing=True)
+            self.pre_existing.append(filed)
+            return filed
+        label = self._label(scenario, signature)
+        return self._file(scenario, signature, message, origin, raw, fine, lambda c: self.base(c) != signature,
+                          {**base_meta, **({"attribution": label.to_json()} if label is not None else {})},
+                          None, "")
+
+    def _file(self, scenario: Scenario, signature: str, message: str, origin: dict, raw: bytes | None, fine: str,
+              keeps: Callable[[Scenario], bool], extra: dict, lookalike: attribution.KnownBug | None,
+              why_not: str) -> Filed:
+        """Re-run, minimize (keeping the coarse signature and `keeps`) and write a new finding."""
+        self.new_signatures.add(fine)
         judge = self.judge
         name = slug(f"{judge.label}-{fine}")
         if raw is not None:
@@ -186,7 +243,7 @@ class FindingStore:
         if flaky:
             small, seconds = scenario, 0.0
         else:
-            result = minimize(scenario, lambda c: judge.signature_of(c) == signature and not self._explained(c, lookalikes),
+            result = minimize(scenario, lambda c: judge.signature_of(c) == signature and keeps(c),
                               time_budget=self.minimize_budget)
             small, seconds = result.scenario, time.monotonic() - t0
         path = self.findings_dir / (f"flaky-{name}.json" if flaky else f"{name}.json")
@@ -199,17 +256,14 @@ class FindingStore:
             "origin": origin, "reproduced": rate, "flaky": flaky, "vllm": vllm_version(),
             "minimized": {"requests": small.size()[0], "last_step": small.size()[1], "tokens": small.size()[2],
                           "seconds": round(seconds, 2), "from_size": list(scenario.size())},
-            "repro": judge.repro(path, signature), **judge.meta,
+            "repro": judge.repro(path, signature), **judge.meta, **extra,
         }
-        if closest is not None:
-            meta["attribution"] = closest.to_json()
         atomic_write(path, case_json(small, finding=meta, note=f"found by {origin.get('engine', '?')}: {message}"))
         filed = Filed(signature, path, flaky, rate, seconds, small.size())
         self.filed.append(filed)
         if self.announce:
             tag = "FLAKY" if flaky else "FOUND"
-            like = (f"; NOT the known {closest.closest.name} ({closest.reason})"
-                    if closest is not None and closest.closest is not None else "")
+            like = f"; NOT the known {lookalike.name} ({why_not})" if lookalike is not None else ""
             print(f"{tag} {fine} reproduced {rate} -> {path} (minimized to {small.size()[0]} requests, "
                   f"{small.size()[2]} tokens in {seconds:.1f}s){like}", flush=True)
         return filed

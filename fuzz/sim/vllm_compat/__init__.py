@@ -11,3 +11,5 @@ from fuzz.exit_codes import ToolError
 class VllmUnsupported(ToolError):
     """The installed vLLM lacks something mambafuzz needs. str() is one line naming the missing
     piece and the vLLM it was looked for in; the CLI prints it and exits with EXIT_TOOL."""
+
+    stops_worker = True

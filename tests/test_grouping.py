@@ -1,0 +1,59 @@
+"""One root cause, one report: findings one cause explains are grouped (same coarse signature and
+minimized mechanism, or one's case replayed under the other's config shows the other), every
+member stays on disk, and the CI summary and SARIF show each group once."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from fuzz.cli import ci_report
+from fuzz.store import grouping
+from fuzz.store.corpus import PRE_EXISTING, atomic_write, case_json
+from tests.conftest import first_chunk_scenario
+
+
+def _file(directory, name, signature, fine, token_seed, **meta):
+    scenario = dataclasses.replace(first_chunk_scenario(), token_seed=token_seed)
+    path = directory / f"{name}.json"
+    atomic_write(path, case_json(scenario, finding={"signature": signature, "fine_signature": fine,
+                                                    "kind": signature.split(":")[0], "split": "fixed",
+                                                    "message": name, "repro": f"repro {name}", **meta}))
+    return path
+
+
+def _findings(tmp_path):
+    """a and b: one mechanism; c: another symptom that a's case reaches under c's config (the fake
+    replay says so for token seed 1); d: unrelated."""
+    d = tmp_path / "findings"
+    paths = [_file(d, "a", "slot_hash:short", "slot_hash:short|mid-block,fresh,chunk-end", 1),
+             _file(d, "b", "slot_hash:short", "slot_hash:short|mid-block,fresh,chunk-end", 2),
+             _file(d, "c", "stale_read:short", "stale_read:short|decode,fresh,chunk-end", 3),
+             _file(d, "d", "stall:liveness", "stall:liveness", 4)]
+    _file(d / PRE_EXISTING, "e", "slot_hash:short/chunk-end+ckpt", "slot_hash:short/chunk-end+ckpt|x", 5,
+          pre_existing=True, attribution={"known": ["internal_checkpoint_midblock_resume"]})
+    return d, paths
+
+
+def replay(scenario, split):
+    return {1: "stale_read:short"}.get(scenario.token_seed)
+
+
+def test_findings_one_cause_explains_are_one_group_and_each_rule_can_tell(tmp_path):
+    d, paths = _findings(tmp_path)
+    groups = grouping.group(grouping.members(paths), replay)
+    assert [[(m["path"].rsplit("/", 1)[1], m["why"]) for m in g["members"]] for g in groups] == [
+        [("a.json", "root"), ("b.json", "mechanism"), ("c.json", "replay")], [("d.json", "root")]]
+    assert len(grouping.group(grouping.members(paths))) == 3  # without replays, c stays apart
+
+
+def test_the_ci_summary_and_sarif_show_each_root_cause_once_and_pre_existing_as_a_note(tmp_path):
+    d, paths = _findings(tmp_path)
+    grouping.write(d, grouping.group(grouping.members(paths), replay))
+    summary = ci_report.summarize(d, tmp_path, "fixed")
+    assert len(summary["new_findings"]) == 4 and len(summary["groups"]) == 2
+    assert [i["known"] for i in summary["pre_existing"]] == [["internal_checkpoint_midblock_resume"]]
+    results = json.loads((tmp_path / "findings.sarif").read_text())["runs"][0]["results"]
+    assert [r["level"] for r in results] == ["error", "error", "note"]
+    assert len(results[0]["relatedLocations"]) == 2 and "3 findings, one root cause" in results[0]["message"]["text"]
+    assert all(p.exists() for p in paths)  # every member stays on disk
