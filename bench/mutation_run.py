@@ -12,7 +12,7 @@ changed vLLM shows a classification as stale instead of reusing it.
 
     python bench/mutation_run.py --targets split [MambaManager ...] [--mutants ID ...]
         [--max-time 30] [--generator random] [--parallel 1] [--shard K/N] [--jsonl OUT]
-        [--keep DIR] [--list] [--table]
+        [--keep DIR] [--list] [--table] [--replay-survivors DIR ...]
 
 `--jsonl` appends one line per mutant and skips mutants already there (same id, digest,
 generator and budget), so a run resumes; shards (`--shard K/N`, mutant index mod N) run on
@@ -103,6 +103,30 @@ def hidden_by_known_fixes(scenario, mutant_id: str) -> bool | None:
             return None
 
 
+def replay_survivors(rows: list[dict], dirs: list[str]) -> dict[str, str | None]:
+    """For each survivor, the first case under `dirs` (seeds, other mutants' findings) that
+    kills it (fails with it, clean without): evidence that the input model reaches it, so it
+    is missed, not unreachable. Milliseconds per case, in this process."""
+    from fuzz.search.mutants import confirms_kill
+    from fuzz.store.corpus import load_case
+
+    cases = []
+    for d in dirs:
+        for path in sorted(Path(d).rglob("*.json")):
+            try:
+                cases.append((str(path), load_case(path).scenario))
+            except Exception:  # noqa: BLE001 - not a case (a stats or analysis file): skipped
+                continue
+    out: dict[str, str | None] = {}
+    for r in rows:
+        if r["status"] != "survived":
+            continue
+        out[r["id"]] = next((path for path, sc in cases if confirms_kill(sc, "fixed", r["id"])[0]), None)
+        print(f"  {r['id']:52} {'killed by ' + out[r['id']] if out[r['id']] else 'no case kills it'}"
+              f"  [{r['change'][:90]}]", flush=True)
+    return out
+
+
 def load_classes() -> dict:
     return json.loads(CLASSES.read_text()) if CLASSES.exists() else {}
 
@@ -151,6 +175,8 @@ def main() -> int:
     p.add_argument("--shard", default="1/1", help="K/N: run the mutants whose index mod N is K-1")
     p.add_argument("--jsonl", metavar="OUT", help="append a line per mutant; resume from what is there")
     p.add_argument("--keep", metavar="DIR", help="copy each campaign's first finding here")
+    p.add_argument("--replay-survivors", nargs="+", metavar="DIR",
+                   help="replay every case under DIRs against each survivor in --jsonl (no campaigns)")
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     p.add_argument("--table", action="store_true", help="only print the table of what --jsonl holds")
     args = p.parse_args()
@@ -179,6 +205,9 @@ def main() -> int:
     todo = [m for m in chosen if (m.id, mt.digest(m.target), args.generator, args.max_time) not in have]
     rows = [r for r in done if r["generator"] == args.generator and r["max_time"] == args.max_time
             and r["function"] in generated]
+    if args.replay_survivors:
+        replay_survivors(rows, args.replay_survivors)
+        return 0
     if not args.table:
         print(f"{len(todo)} mutants to run, {len(chosen) - len(todo)} already in {args.jsonl}", flush=True)
 

@@ -97,10 +97,13 @@ def digest(target: str) -> str:
 @cache
 def mutants_of(target: str) -> tuple[Mutant, ...]:
     """Every mutant mutmut's operators make of `target`'s source, in mutmut's visit order."""
-    import libcst as cst
-    from mutmut.mutation.file_mutation import MutationVisitor
-    from mutmut.mutation.mutators import mutation_operators
-    from mutmut.mutation.pragma_handling import IgnoredCode
+    try:
+        import libcst as cst
+        from mutmut.mutation.file_mutation import MutationVisitor
+        from mutmut.mutation.mutators import mutation_operators
+        from mutmut.mutation.pragma_handling import IgnoredCode
+    except ImportError as exc:
+        raise MutantError(f"mutmut 3.8 is needed to generate mutants ({exc}): pip install -e '.[mutation]'") from None
 
     src, first, _ = _source(target)
     module = cst.parse_module(src)
