@@ -6,12 +6,13 @@ replays clean without it (`mutants.confirms_kill`, in this process, where nothin
 
 For each kill it also replays the finding with the mutant plus every known fix (what
 `--with-known-fixes` runs): `hidden_by_known_fixes` means that finding would not be seen there.
-Survivors are classified by hand in bench/mutation_classes.json (equivalent / unreachable /
-missed, each with its argument), keyed by mutant id and the function's source digest, so a
+Survivors are classified by hand in bench/mutation_classes.json (equivalent / efficiency (the
+outputs stay right, only cache efficiency changes, which campaigns do not judge) / unreachable /
+missed, each with its argument and evidence), keyed by mutant id and the function's source digest, so a
 changed vLLM shows a classification as stale instead of reusing it.
 
     python bench/mutation_run.py --targets split [MambaManager ...] [--mutants ID ...]
-        [--max-time 30] [--generator random] [--parallel 1] [--shard K/N] [--jsonl OUT]
+        [--sample N [--sample-seed 21]] [--max-time 30] [--generator random] [--parallel 1] [--shard K/N] [--jsonl OUT]
         [--keep DIR] [--list] [--table] [--replay-survivors DIR ...]
 
 `--jsonl` appends one line per mutant and skips mutants already there (same id, digest,
@@ -103,12 +104,19 @@ def hidden_by_known_fixes(scenario, mutant_id: str) -> bool | None:
             return None
 
 
-def replay_survivors(rows: list[dict], dirs: list[str]) -> dict[str, str | None]:
-    """For each survivor, the first case under `dirs` (seeds, other mutants' findings) that
-    kills it (fails with it, clean without): evidence that the input model reaches it, so it
-    is missed, not unreachable. Milliseconds per case, in this process."""
-    from fuzz.search.mutants import confirms_kill
+def replay_survivors(rows: list[dict], dirs: list[str]) -> dict[str, dict]:
+    """Evidence for classifying each survivor, from every case under `dirs` (seeds, regressions,
+    other mutants' findings), in this process, milliseconds per case:
+    - `kills`: a case that fails with the mutant and is clean without: the input model reaches
+      it, so it is missed, not unreachable;
+    - `efficiency`: a case clean with the mutant but worse in cache hits than unmutated vLLM
+      (strict efficiency oracle, which campaigns do not run);
+    - `differs`: how many cases schedule differently at all (trace digest): 0 of many is the
+      first hint of an equivalent mutant, never the proof."""
+    from fuzz.checks.pipeline import evaluate
+    from fuzz.search import mutants
     from fuzz.store.corpus import load_case
+    from fuzz.store.report import trace_digest
 
     cases = []
     for d in dirs:
@@ -117,13 +125,36 @@ def replay_survivors(rows: list[dict], dirs: list[str]) -> dict[str, str | None]
                 cases.append((str(path), load_case(path).scenario))
             except Exception:  # noqa: BLE001 - not a case (a stats or analysis file): skipped
                 continue
-    out: dict[str, str | None] = {}
+    base = {}
+    for path, sc in cases:
+        try:
+            ev = evaluate(sc, "fixed", efficiency=False)
+            base[path] = (ev.verdict.clean, trace_digest(ev.trace))
+        except Exception:  # noqa: BLE001 - a case this vLLM rejects says nothing
+            continue
+    out: dict[str, dict] = {}
     for r in rows:
         if r["status"] != "survived":
             continue
-        out[r["id"]] = next((path for path, sc in cases if confirms_kill(sc, "fixed", r["id"])[0]), None)
-        print(f"  {r['id']:52} {'killed by ' + out[r['id']] if out[r['id']] else 'no case kills it'}"
-              f"  [{r['change'][:90]}]", flush=True)
+        e: dict = {"kills": None, "efficiency": None, "differs": 0, "cases": 0}
+        for path, sc in cases:
+            if path not in base:
+                continue
+            try:
+                ev = evaluate(sc, "fixed", efficiency=True, strict_efficiency=True, patches=mutants.patches(r["id"]))
+            except Exception:  # noqa: BLE001
+                continue
+            e["cases"] += 1
+            e["differs"] += trace_digest(ev.trace) != base[path][1]
+            if not ev.verdict.clean and base[path][0]:
+                kind = ev.verdict.primary.signature
+                if kind.startswith("efficiency"):
+                    e["efficiency"] = e["efficiency"] or f"{path} ({kind})"
+                else:
+                    e["kills"] = e["kills"] or f"{path} ({kind})"
+        out[r["id"]] = e
+        print(f"  {r['id']:52} differs on {e['differs']}/{e['cases']}; kills: {e['kills']}; "
+              f"efficiency: {e['efficiency']}  [{r['change'][:90]}]", flush=True)
     return out
 
 
@@ -144,7 +175,8 @@ def classify(row: dict, classes: dict) -> str:
 
 def table(rows: list[dict], generated: Counter) -> str:
     classes = load_classes()
-    cols = ["killed", "equivalent", "unreachable", "missed", "unclassified", "unconfirmed", "tool-error", "stale"]
+    cols = ["killed", "equivalent", "efficiency", "unreachable", "missed", "unclassified", "unconfirmed",
+            "tool-error", "stale"]
     out = [f"{'function':42} {'generated':>9} {'run':>4} " + " ".join(f"{c:>12}" for c in cols)
            + f" {'hidden-by-fixes':>15}"]
     total: Counter = Counter()
@@ -168,6 +200,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--targets", nargs="+", default=["split"], help=f"groups ({', '.join(mt.GROUPS)}) or Class.function")
     p.add_argument("--mutants", nargs="*", help="only these ids")
+    p.add_argument("--sample", type=int, metavar="N", help="a fixed random sample of N of the chosen mutants")
+    p.add_argument("--sample-seed", type=int, default=21)
     p.add_argument("--max-time", type=float, default=30)
     p.add_argument("--minimize-budget", type=float, default=5)
     p.add_argument("--generator", default="random", choices=("random", "atheris", "hypothesis"))
@@ -190,6 +224,11 @@ def main() -> int:
         print(f"mutation_run: {exc}" if str(exc) else "mutation_run: --shard K/N with 1<=K<=N, "
               "--max-time and --parallel positive", file=sys.stderr)
         return 2
+    if args.sample is not None and args.sample < len(chosen):
+        import random
+
+        picked = set(random.Random(args.sample_seed).sample(range(len(chosen)), args.sample))
+        chosen = [m for i, m in enumerate(chosen) if i in picked]
     chosen = [m for i, m in enumerate(chosen) if i % n == k - 1]
     if args.list:
         for m in chosen:

@@ -53,6 +53,16 @@ def test_a_mutant_replaces_the_method_and_is_restored():
     assert Scheduler.__dict__["_mamba_block_aligned_split"] is original
 
 
+def test_a_rewriting_fix_edits_the_mutant_not_the_file():
+    """inspect would hand a Rewrite vLLM's unmutated lines; the mutant's own text must be used."""
+    m = split_mutant("- return max(end - start, 0) | + return max(end + start, 0)")
+    undo = patching.Rewrite(patching.SPLIT_TARGET, (("return max(end - start, 0)", "return 0"),))
+    with patching.applied(mutants.patches(m.id)):
+        assert patching.check_applies([undo]) is not None  # the text it edits is gone in the mutant
+        keep = patching.Rewrite(patching.SPLIT_TARGET, (("return max(end + start, 0)", "return max(end + start, 1)"),))
+        assert patching.check_applies([keep]) is None
+
+
 def test_zero_argument_super_still_works_in_a_mutated_method():
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
@@ -92,3 +102,21 @@ def test_mambafuzz_mutant_plants_a_generated_mutant_in_a_fresh_process():
                          env=dict(os.environ, MAMBAFUZZ_MUTANT=m.id))
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_a_survivor_classified_on_another_source_is_stale():
+    """bench/mutation_run.py reuses a hand classification only for the source it was made on."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutation_run", ROOT / "bench" / "mutation_run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    classes = {"mm:X.f:1": {"digest": "abc", "class": "equivalent"}}
+    row = {"id": "mm:X.f:1", "status": "survived", "digest": "abc"}
+    assert run.classify(row, classes) == "equivalent"
+    assert run.classify({**row, "digest": "other"}, classes) == "stale"
+    assert run.classify({**row, "id": "mm:X.f:2"}, classes) == "unclassified"
+    assert run.classify({**row, "status": "killed"}, classes) == "killed"
+    on_disk = run.load_classes()
+    assert on_disk and all(c["class"] in ("equivalent", "efficiency", "unreachable", "missed") and c["why"]
+                           for c in on_disk.values())

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from fuzz.sim.patching import FixNotApplicable, Wrap
+from fuzz.sim.patching import SOURCE_ATTR, FixNotApplicable, Wrap
 
 PREFIX = "mm:"
 SCHED = "vllm.v1.core.sched.scheduler"
@@ -150,6 +150,9 @@ def compile_mutant(m: Mutant) -> Any:
     made = namespace["__mambafuzz_factory__"](cls)
     fn = made.__func__ if isinstance(made, classmethod | staticmethod) else made
     fn.__qualname__ = m.target.partition(":")[2]
+    # inspect would read vLLM's unmutated file at these lines: a known fix that rewrites this
+    # function (patching.Rewrite) must edit the mutant's text, not silently undo the mutant.
+    setattr(fn, SOURCE_ATTR, (first, m.source))
     return fn
 
 
