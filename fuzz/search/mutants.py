@@ -1,7 +1,8 @@
 """Planted bugs for mutation testing: small, plausible mistakes in vLLM's scheduling and
 KV-cache functions, each a list of reversible patches of the installed vLLM (fuzz.sim.patching).
 
-`MAMBAFUZZ_MUTANT=<name>` in the environment applies one when `fuzz.sim.vllm_bridge` is imported,
+`MAMBAFUZZ_MUTANT=<name>` in the environment applies one (or a generated mutant,
+`mm:<Class.function>:<n>`, from fuzz.search.mutation_tool) when `fuzz.sim.vllm_bridge` is imported,
 so the fuzzer's worker processes run against the mutant; `bench/mutation_score.py` measures
 which mutants the fuzzer kills from an empty corpus on `--split fixed`. `confirms_kill` is the
 honest part: a finding kills a mutant only if it fails with the mutant and is clean without.
@@ -223,6 +224,12 @@ def cow_copies_backwards() -> list[Patch]:
 
 
 def patches(name: str) -> list[Patch]:
+    """A planted bug's patches: a name in MUTANTS, or a generated mutant id (`mm:...`,
+    fuzz.search.mutation_tool)."""
+    if name.startswith("mm:"):
+        from fuzz.search import mutation_tool
+
+        return list(mutation_tool.patches(name))
     if name not in MUTANTS:
         raise KeyError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
     return MUTANTS[name][1]()

@@ -1,0 +1,280 @@
+"""Systematic mutation analysis: for each generated first-order mutant of vLLM's mamba
+scheduling code (fuzz/search/mutation_tool.py, mutmut's operators), run one time-boxed
+`python -m fuzz.cli fuzz --split fixed` from an empty corpus with the mutant planted in its
+workers, and count a kill only when attributed: the first finding fails with the mutant and
+replays clean without it (`mutants.confirms_kill`, in this process, where nothing is planted).
+
+For each kill it also replays the finding with the mutant plus every known fix (what
+`--with-known-fixes` runs): `hidden_by_known_fixes` means that finding would not be seen there.
+Survivors are classified by hand in bench/mutation_classes.json (equivalent / efficiency (the
+outputs stay right, only cache efficiency changes, which campaigns do not judge) / unreachable /
+missed, each with its argument and evidence), keyed by mutant id and the function's source digest, so a
+changed vLLM shows a classification as stale instead of reusing it.
+
+    python bench/mutation_run.py --targets split [MambaManager ...] [--mutants ID ...]
+        [--sample N [--sample-seed 21]] [--max-time 30] [--generator random] [--parallel 1] [--shard K/N] [--jsonl OUT]
+        [--keep DIR] [--list] [--table] [--replay-survivors DIR ...]
+
+`--jsonl` appends one line per mutant and skips mutants already there (same id, digest,
+generator and budget), so a run resumes; shards (`--shard K/N`, mutant index mod N) run on
+different machines and their JSONL files concatenate. Exit 0 unless the arguments are bad (2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+CLASSES = ROOT / "bench" / "mutation_classes.json"
+KNOWN = ["corpus/regressions", "corpus/upstream"]
+INTERRUPTED = {130, -2, -9, -15, 137, 143}
+LOCK = threading.Lock()  # patching vLLM is process-wide: one replay at a time
+
+
+def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: float, keep: str | None) -> dict:
+    """One campaign from an empty corpus against the mutant, stopped at the first finding."""
+    row: dict = {"killed": False}
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, MAMBAFUZZ_MUTANT=mutant_id)
+        start = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "fuzz.cli", "fuzz", "--split", "fixed", "--generator", generator,
+             "--max-time", str(max_time), "--stop-on-first", "--seeds", "--quiet", "--known", *KNOWN,
+             "--corpus", f"{tmp}/corpus", "--findings", f"{tmp}/findings", "--minimize-budget", str(minimize_budget)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=max_time + 600)
+        row["wall"] = round(time.monotonic() - start, 1)
+        if proc.returncode in INTERRUPTED:
+            return {**row, "status": "interrupted"}
+        if proc.returncode == 3:
+            tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [""])[-1]
+            return {**row, "status": "tool-error", "why": tail[:300]}
+        files = sorted(Path(tmp, "findings").glob("*.json"))
+        if proc.returncode != 1 or not files:
+            return {**row, "status": "survived"}
+        meta = json.loads(files[0].read_text())["finding"]
+        row.update(signature=meta["signature"], seconds=meta["origin"].get("seconds"),
+                   execs=meta["origin"].get("execs"))
+        from fuzz.search.mutants import confirms_kill
+        from fuzz.store.corpus import load_case
+
+        case = load_case(files[0])
+        with LOCK:
+            ok, why = confirms_kill(case.scenario, "fixed", mutant_id, meta["signature"])
+            hidden = hidden_by_known_fixes(case.scenario, mutant_id) if ok else None
+        status = "killed" if ok else "unconfirmed"
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            kept = Path(keep) / (mutant_id.replace(":", "_") + ".json")
+            kept.write_text(files[0].read_text())
+            row["finding"] = str(kept)
+        return {**row, "killed": ok, "status": status, "why": why, "hidden_by_known_fixes": hidden}
+
+
+def hidden_by_known_fixes(scenario, mutant_id: str) -> bool | None:
+    """Is this finding clean with the mutant plus every known fix (what `--with-known-fixes`
+    runs)? A fix that does not apply on top of the mutant is skipped, as the worker does."""
+    import contextlib
+
+    from fuzz.checks.pipeline import evaluate
+    from fuzz.search import mutants
+    from fuzz.sim import patching
+    from fuzz.store.known_bugs import known_fix_bugs
+
+    with contextlib.ExitStack() as stack:
+        for p in mutants.patches(mutant_id):
+            stack.callback(patching.apply_one(p))
+        for bug in known_fix_bugs([ROOT / d for d in KNOWN]):
+            if bug.fix_error is None:
+                with contextlib.suppress(patching.FixNotApplicable):
+                    stack.enter_context(patching.applied(bug.patches))
+        try:
+            return evaluate(scenario, "fixed", efficiency=False).verdict.clean
+        except Exception:  # noqa: BLE001 - a replay that cannot run says nothing either way
+            return None
+
+
+def replay_survivors(rows: list[dict], dirs: list[str]) -> dict[str, dict]:
+    """Evidence for classifying each survivor, from every case under `dirs` (seeds, regressions,
+    other mutants' findings), in this process, milliseconds per case:
+    - `kills`: a case that fails with the mutant and is clean without: the input model reaches
+      it, so it is missed, not unreachable;
+    - `efficiency`: a case clean with the mutant but worse in cache hits than unmutated vLLM
+      (strict efficiency oracle, which campaigns do not run);
+    - `differs`: how many cases schedule differently at all (trace digest): 0 of many is the
+      first hint of an equivalent mutant, never the proof."""
+    from fuzz.checks.pipeline import evaluate
+    from fuzz.search import mutants
+    from fuzz.store.corpus import load_case
+    from fuzz.store.report import trace_digest
+
+    cases = []
+    for d in dirs:
+        for path in sorted(Path(d).rglob("*.json")):
+            try:
+                cases.append((str(path), load_case(path).scenario))
+            except Exception:  # noqa: BLE001 - not a case (a stats or analysis file): skipped
+                continue
+    base = {}
+    for path, sc in cases:
+        try:
+            ev = evaluate(sc, "fixed", efficiency=False)
+            base[path] = (ev.verdict.clean, trace_digest(ev.trace))
+        except Exception:  # noqa: BLE001 - a case this vLLM rejects says nothing
+            continue
+    out: dict[str, dict] = {}
+    for r in rows:
+        if r["status"] != "survived":
+            continue
+        e: dict = {"kills": None, "efficiency": None, "differs": 0, "cases": 0}
+        for path, sc in cases:
+            if path not in base:
+                continue
+            try:
+                ev = evaluate(sc, "fixed", efficiency=True, strict_efficiency=True, patches=mutants.patches(r["id"]))
+            except Exception:  # noqa: BLE001
+                continue
+            e["cases"] += 1
+            e["differs"] += trace_digest(ev.trace) != base[path][1]
+            if not ev.verdict.clean and base[path][0]:
+                kind = ev.verdict.primary.signature
+                if kind.startswith("efficiency"):
+                    e["efficiency"] = e["efficiency"] or f"{path} ({kind})"
+                else:
+                    e["kills"] = e["kills"] or f"{path} ({kind})"
+        out[r["id"]] = e
+        print(f"  {r['id']:52} differs on {e['differs']}/{e['cases']}; kills: {e['kills']}; "
+              f"efficiency: {e['efficiency']}  [{r['change'][:90]}]", flush=True)
+    return out
+
+
+def load_classes() -> dict:
+    return json.loads(CLASSES.read_text()) if CLASSES.exists() else {}
+
+
+def classify(row: dict, classes: dict) -> str:
+    """killed / unconfirmed / tool-error, or a survivor's hand classification (stale when the
+    function's source changed since it was classified, unclassified when there is none)."""
+    if row["status"] != "survived":
+        return row["status"]
+    c = classes.get(row["id"])
+    if c is None:
+        return "unclassified"
+    return c["class"] if c.get("digest") == row["digest"] else "stale"
+
+
+def table(rows: list[dict], generated: Counter) -> str:
+    classes = load_classes()
+    cols = ["killed", "equivalent", "efficiency", "unreachable", "missed", "unclassified", "unconfirmed",
+            "tool-error", "stale"]
+    out = [f"{'function':42} {'generated':>9} {'run':>4} " + " ".join(f"{c:>12}" for c in cols)
+           + f" {'hidden-by-fixes':>15}"]
+    total: Counter = Counter()
+    for fn in sorted(generated):
+        rs = [r for r in rows if r["function"] == fn]
+        c = Counter(classify(r, classes) for r in rs)
+        hidden = sum(bool(r.get("hidden_by_known_fixes")) for r in rs)
+        total.update(c)
+        total["run"] += len(rs)
+        total["hidden"] += hidden
+        total["generated"] += generated[fn]
+        out.append(f"{fn:42} {generated[fn]:>9} {len(rs):>4} " + " ".join(f"{c[k]:>12}" for k in cols) + f" {hidden:>15}")
+    out.append(f"{'total':42} {total['generated']:>9} {total['run']:>4} " + " ".join(f"{total[k]:>12}" for k in cols)
+               + f" {total['hidden']:>15}")
+    return "\n".join(out)
+
+
+def main() -> int:
+    from fuzz.search import mutation_tool as mt
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--targets", nargs="+", default=["split"], help=f"groups ({', '.join(mt.GROUPS)}) or Class.function")
+    p.add_argument("--mutants", nargs="*", help="only these ids")
+    p.add_argument("--sample", type=int, metavar="N", help="a fixed random sample of N of the chosen mutants")
+    p.add_argument("--sample-seed", type=int, default=21)
+    p.add_argument("--max-time", type=float, default=30)
+    p.add_argument("--minimize-budget", type=float, default=5)
+    p.add_argument("--generator", default="random", choices=("random", "atheris", "hypothesis"))
+    p.add_argument("--parallel", type=int, default=1, help="campaigns at once (each is two processes)")
+    p.add_argument("--shard", default="1/1", help="K/N: run the mutants whose index mod N is K-1")
+    p.add_argument("--jsonl", metavar="OUT", help="append a line per mutant; resume from what is there")
+    p.add_argument("--keep", metavar="DIR", help="copy each campaign's first finding here")
+    p.add_argument("--replay-survivors", nargs="+", metavar="DIR",
+                   help="replay every case under DIRs against each survivor in --jsonl (no campaigns)")
+    p.add_argument("--list", action="store_true", help="list the mutants and exit")
+    p.add_argument("--table", action="store_true", help="only print the table of what --jsonl holds")
+    args = p.parse_args()
+    try:
+        k, n = (int(x) for x in args.shard.split("/"))
+        if not (1 <= k <= n) or args.max_time <= 0 or args.parallel < 1:
+            raise ValueError
+        every = mt.list_mutants(args.targets)
+        chosen = [mt.find(i) for i in args.mutants] if args.mutants else every
+    except (ValueError, mt.MutantError) as exc:
+        print(f"mutation_run: {exc}" if str(exc) else "mutation_run: --shard K/N with 1<=K<=N, "
+              "--max-time and --parallel positive", file=sys.stderr)
+        return 2
+    if args.sample is not None and args.sample < len(chosen):
+        import random
+
+        picked = set(random.Random(args.sample_seed).sample(range(len(chosen)), args.sample))
+        chosen = [m for i, m in enumerate(chosen) if i in picked]
+    chosen = [m for i, m in enumerate(chosen) if i % n == k - 1]
+    if args.list:
+        for m in chosen:
+            print(f"{m.id}  line {m.line}  {m.change[:150]}")
+        return 0
+    fn_of = {m.target: m.target.partition(":")[2] for m in every}
+    generated = Counter(fn_of[m.target] for m in every)
+    done = []
+    if args.jsonl and Path(args.jsonl).exists():
+        done = [json.loads(line) for line in Path(args.jsonl).read_text().splitlines() if line.strip()]
+    key = lambda r: (r["id"], r["digest"], r["generator"], r["max_time"])  # noqa: E731
+    have = {key(r) for r in done}
+    todo = [m for m in chosen if (m.id, mt.digest(m.target), args.generator, args.max_time) not in have]
+    rows = [r for r in done if r["generator"] == args.generator and r["max_time"] == args.max_time
+            and r["function"] in generated]
+    if args.replay_survivors:
+        replay_survivors(rows, args.replay_survivors)
+        return 0
+    if not args.table:
+        print(f"{len(todo)} mutants to run, {len(chosen) - len(todo)} already in {args.jsonl}", flush=True)
+
+        def run(m):
+            base = {"id": m.id, "function": fn_of[m.target], "line": m.line, "change": m.change,
+                    "digest": mt.digest(m.target), "generator": args.generator, "max_time": args.max_time,
+                    "load": os.getloadavg()[0]}
+            return {**base, **campaign(m.id, args.generator, args.max_time, args.minimize_budget, args.keep)}
+        try:
+            with ThreadPoolExecutor(args.parallel) as pool:
+                for r in pool.map(run, todo):
+                    if r["status"] == "interrupted":
+                        continue
+                    rows.append(r)
+                    detail = (f"{r.get('seconds')}s {r.get('execs')} execs {r.get('signature')}"
+                              + (" (hidden by known fixes)" if r.get("hidden_by_known_fixes") else "")
+                              if r["killed"] else r.get("why", ""))
+                    print(f"  {r['id']:52} {r['status']:11} wall {r['wall']:5}s  {detail}  [{r['change'][:80]}]",
+                          flush=True)
+                    if args.jsonl:
+                        with open(args.jsonl, "a") as f:
+                            f.write(json.dumps(r) + "\n")
+        except KeyboardInterrupt:
+            print("interrupted: the table has the mutants that finished", file=sys.stderr)
+    print(f"\n{args.generator}, {args.max_time:.0f}s per mutant, empty corpus, --split fixed, first finding attributed")
+    print(table(rows, generated))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
