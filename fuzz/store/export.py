@@ -211,10 +211,10 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
         reproducer, style = vllm_test_source(case, title), "vllm"
     except ExportError:
         reproducer, style = test_source(case, title), "standalone"
-    from fuzz.sim.vllm_compat.api import vllm_package
+    from fuzz.store.finding_store import vllm_version  # the version a finding records
 
     parts = [f"# [Bug]: {title or case.path.stem}", "", "## Your current environment", "",
-             f"vLLM {vllm_package.__version__} (also checked: the 0.33.0 release tree), Python 3.11, scheduler and "
+             f"vLLM {vllm_version()} (also checked: the 0.33.0 release tree), Python 3.11, scheduler and "
              "KV-cache manager driven on CPU; "
              + (f"Model Runner {runner.upper()}." if runner else "both model runners unless said otherwise."), "",
              "## Related issues and PRs", "", related.strip() or "(none found)", "",
