@@ -118,7 +118,9 @@ def _vllm_tree_with_exports(tmp_path: Path, helpers: Path) -> list[Path]:
 
 
 def _pytest_in(tree: Path, files: list[Path], fix: Path | None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tree / "hf"), PYTHONPATH=f"{tree}{os.pathsep}{ROOT}")
+    # after the tree and this checkout, any vLLM tree already on PYTHONPATH (ci/pr-overlay's 0.33.0)
+    path = os.pathsep.join(p for p in (str(tree), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tree / "hf"), PYTHONPATH=path)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir", str(tree),
            "-o", "addopts=", "-W", "ignore::pytest.PytestUnknownMarkWarning", *map(str, files)]
     if fix is not None:
