@@ -137,3 +137,27 @@ def test_vllm_style_exports_fail_without_and_pass_with_their_fix(tmp_path):
     for path, f in zip(VLLM_CASES, files):
         with_fix = _pytest_in(tmp_path, [f], path.parent / "fix.py")
         assert with_fix.returncode == 0 and "1 passed" in with_fix.stdout, with_fix.stdout[-2000:]
+
+
+# ISSUE.md (export-report) in vLLM's bug-report layout: the template's two sections in its order
+# (environment, then the bug), this project's sections after them, the short test inline.
+REPORT_SECTIONS = ["## Your current environment", "## Related issues and PRs", "## Describe the bug",
+                   "## Minimal reproducer", "## Expected and actual", "## Candidate fix", "## Cost of the fix"]
+
+
+@pytest.mark.parametrize("stem", ["spec_pad_clipped_by_long_prefill_threshold",  # a --style vllm test
+                                  "connector_admission_estimate_short_per_mamba_group"])  # refused: standalone
+def test_report_follows_vllms_bug_template_with_the_short_test_inline(stem):
+    case = corpus.load_case(next(p for p in CASES if p.stem == stem))
+    text = export.report_text(case)
+    assert text.startswith("# [Bug]: ")
+    assert [line for line in text.splitlines() if line.startswith("## ")] == REPORT_SECTIONS
+    reproducer = text.split("## Minimal reproducer\n", 1)[1].split("\n## ", 1)[0]
+    title = export._analysis(export.fix_dir(case))[0]
+    try:
+        test, style = export.vllm_test_source(case, title), "vllm"
+    except export.ExportError:
+        test, style = export.test_source(case, title), "standalone"
+    assert f"```python\n{test.rstrip()}\n```" in reproducer
+    assert f"export-test --style {style} " in reproducer
+    assert (style == "vllm") == (stem != "connector_admission_estimate_short_per_mamba_group")

@@ -255,7 +255,9 @@ def _analysis(directory: Path | None) -> tuple[str, str]:
 def _recorded_cost(directory: Path) -> str | None:
     """The cost section the finding's README already records (bench/fix_cost.py), if any."""
     text = (directory / "README.md").read_text() if (directory / "README.md").is_file() else ""
-    return text.split(COST_SECTION, 1)[1].split("\n", 1)[1].strip() if COST_SECTION in text else None
+    if COST_SECTION not in text:
+        return None
+    return re.split(r"^## ", text.split(COST_SECTION, 1)[1].split("\n", 1)[1], maxsplit=1, flags=re.M)[0].strip()
 
 
 def _split_status(body: str) -> tuple[str, str]:
