@@ -66,7 +66,7 @@ VLLM_REFUSED = {"internal_checkpoint_exemption_outlives_junction_clip", "interna
                 "internal_checkpoint_poison_read_back", "connector_admission_estimate_short_per_mamba_group"}
 VLLM_CASES = [p for p in CASES if p.stem not in VLLM_REFUSED]
 # A test with mamba groups carries the scheduler_cls that adds them (create_scheduler builds one
-# attention group): its 11 lines and 2 blank lines come on top of the short test's 60.
+# attention group): it and its imports come on top of the short test's 60.
 HYBRID_HELPER_LINES = 13
 # create_scheduler loads facebook/opt-125m's config; offline, this stand-in is all it reads
 OPT_125M_CONFIG = ('{"architectures": ["OPTForCausalLM"], "model_type": "opt", "vocab_size": 50272, '
