@@ -16,16 +16,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import textwrap
 from pathlib import Path
 
 from fuzz.model.scenario import ample_pool_blocks
 from fuzz.store.corpus import Case
 from fuzz.store.export_template import TEMPLATE
 from fuzz.store.export_v1_template import V1_ACCEPTED_TEMPLATE
-from fuzz.store.export_vllm_template import CHECKS, HEADER, SCHEDULER_TEMPLATE, WHY
+from fuzz.store.export_vllm_template import (
+    ADMISSION_TEMPLATE,
+    CHECKS,
+    HEADER,
+    HYBRID_IMPORTS,
+    SCHEDULER_TEMPLATE,
+    SLOT_HASH_IMPORTS,
+    SLOT_HASH_TEMPLATE,
+    WHY,
+)
 
 TINY_CONFIG = Path(__file__).parent.parent / "tiny_model" / "config.json"
 V1_ACCEPTED_KEPT = "v1_accepted_kept"  # a check of V1's persistent batch, not of the scheduler
+MAMBA_GROUPS = 3  # mamba KV-cache groups in a --style vllm test: the harness's tiny model has three
 
 
 STYLES = ("standalone", "vllm")
@@ -116,12 +127,12 @@ def vllm_test_source(case: Case, title: str = "") -> str:
         return (f'{HEADER}"""{title} (Model Runner V1; for tests/v1/worker/).\n'
                 f'Exported by mambafuzz from {case.path.name} ({sig}).\n"""\n\nimport pytest\nimport torch\n'
                 + body.replace("\n\nMAMBA_BLOCK_SIZE", "\n\npytestmark = pytest.mark.cpu_test\n\nMAMBA_BLOCK_SIZE", 1))
-    # create_scheduler builds one attention KV-cache group: only findings that need no mamba group fit
-    if check not in CHECKS or (check == "no_crash" and ":nocache-" not in sig):
-        raise ExportError(f"--style vllm cannot express {sig} yet: it needs a hybrid attention + mamba "
-                          "KV-cache config, which vLLM's create_scheduler does not build (use --style standalone)")
+    if check not in CHECKS and check != "published_state_written":
+        raise ExportError(f"--style vllm cannot express {sig} yet (use --style standalone)")
     if s.engine.async_scheduling is not False:  # create_scheduler builds the synchronous Scheduler
         s = _synchronous_twin(case, sig)
+    if check == "published_state_written" or (check == "no_crash" and ":nocache-" not in sig):
+        return _hybrid_source(case, s, sig, check, title, name)
     e = s.engine
     requests = {rid: (r.arrival_step, s.prompt_len(i), r.max_tokens)
                 for i, (rid, r) in enumerate(zip(s.request_ids(), s.requests))}
@@ -131,6 +142,67 @@ def vllm_test_source(case: Case, title: str = "") -> str:
         threshold=e.long_prefill_token_threshold, requests=requests, budget=e.max_num_batched_tokens,
         max_num_seqs=e.max_num_seqs, max_model_len=s.max_model_len(), max_steps=s.liveness_bound(),
         check=CHECKS[check])
+
+
+def _hybrid_source(case: Case, s, sig: str, check: str, title: str, name: str) -> str:
+    """A finding that needs mamba KV-cache groups: create_scheduler with a `scheduler_cls` that adds
+    them (HYBRID_HEAD). Refused, in one line, where vLLM's helpers cannot state the scenario."""
+    e, ids = s.engine, s.request_ids()
+    why = f"--style vllm cannot express {sig} for {case.path.name}: "
+    if e.spec_method != "none" or not e.enable_prefix_caching or e.attn_block_size != e.mamba_block_size:
+        raise ExportError(why + "create_scheduler's model (OPT) has no MTP layers and its attention block is the "
+                          "mamba block; the case needs MTP, prefix caching off or another attention block "
+                          "(use --style standalone)")
+    external = {r.external_tokens for r in s.requests}
+    admission = check == "no_crash"
+    groups = MAMBA_GROUPS if admission else 1  # the pool counts blocks per group; one shows a hashed slot
+    fields = dict(
+        title=title, case_name=case.path.name, signature=sig, test_name=name, block_size=e.mamba_block_size,
+        hash_block_size=e.prefix_match_unit or e.mamba_block_size, alignment=e.prefill_checkpoint_alignment,
+        checkpoint_blocks=e.num_prefill_checkpoint_blocks, max_steps=s.liveness_bound(),
+        retention="" if e.prefix_cache_retention_interval is None else
+        f"\n    kv_cache_config.prefix_cache_retention_interval = {e.prefix_cache_retention_interval}",
+        groups_doc=f"+ {groups} mamba groups" if groups > 1 else "+ a mamba group",
+        groups_code=f'[KVCacheGroupSpec([f"mamba.{{i}}"], mamba) for i in range({groups})]' if groups > 1
+        else '[KVCacheGroupSpec(["mamba"], mamba)]')
+    # create_scheduler's arguments where they differ from its defaults (its pool of 10000 blocks is ample)
+    kwargs = {"num_blocks": e.num_gpu_blocks, "max_num_batched_tokens": e.max_num_batched_tokens,
+              "max_num_seqs": e.max_num_seqs, "long_prefill_token_threshold": e.long_prefill_token_threshold,
+              "max_model_len": s.max_model_len() if s.max_model_len() > e.max_num_batched_tokens else None}
+    defaults = {"num_blocks": None, "max_num_batched_tokens": 8192, "max_num_seqs": 16,
+                "long_prefill_token_threshold": 0, "max_model_len": None}
+    args = [f"{k}={v}" for k, v in kwargs.items() if v != defaults[k]]
+    if admission:
+        args.append(f"use_kv_connector=mock_kv(matched_tokens={max(external)}, is_async=False)")
+    fields["kwargs"] = "\n        ".join(textwrap.wrap(", ".join(args) + ",", 88 - 8, break_long_words=False,
+                                                         break_on_hyphens=False))
+    if admission:
+        lens = {s.prompt_len(i) for i in range(len(ids))}
+        if (len(lens) > 1 or len(external) > 1 or not max(external) or any(r.external_async for r in s.requests)
+                or s.prefixes or any(r.arrival_step or r.abort_step is not None for r in s.requests)):
+            raise ExportError(why + "the short admission test admits requests of one prompt length with one sync "
+                              "connector token count, distinct prompts, all at step 0 (use --style standalone)")
+        return ADMISSION_TEMPLATE.format(
+            why=WHY["no_crash_admission"], imports=HYBRID_IMPORTS, extra_helpers=", mock_kv", num_requests=len(ids),
+            prompt_len=lens.pop(), external=max(external), **fields)
+    if max(external):
+        raise ExportError(why + "vLLM's mock_kv connector is no SupportsHMA connector: a request that finishes with "
+                          "it under a hybrid KV cache trips request_finished's single-group assert "
+                          "(use --style standalone)")
+    # create_requests makes every prompt one token repeated: the scenario's prompts must share
+    # what they share in whole hash blocks, and nothing more
+    unit = fields["hash_block_size"]
+    for i in range(len(ids)):
+        for j in range(i):
+            a, b = s.prompt_tokens(i), s.prompt_tokens(j)
+            common = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            if common // unit != min(len(a), len(b)) // unit:
+                raise ExportError(why + f"{ids[j]} and {ids[i]} share {common} leading tokens, and "
+                                  "create_requests' prompts would share more (use --style standalone)")
+    return SLOT_HASH_TEMPLATE.format(
+        why=WHY[check], imports=SLOT_HASH_IMPORTS, extra_helpers="",
+        requests={rid: (r.arrival_step, s.prompt_len(i), r.max_tokens) for i, (rid, r) in enumerate(zip(ids, s.requests))},
+        **fields)
 
 
 def _v1_accepted_source(case: Case, sig: str, title: str, why: str) -> str:
@@ -183,7 +255,9 @@ def _analysis(directory: Path | None) -> tuple[str, str]:
 def _recorded_cost(directory: Path) -> str | None:
     """The cost section the finding's README already records (bench/fix_cost.py), if any."""
     text = (directory / "README.md").read_text() if (directory / "README.md").is_file() else ""
-    return text.split(COST_SECTION, 1)[1].split("\n", 1)[1].strip() if COST_SECTION in text else None
+    if COST_SECTION not in text:
+        return None
+    return re.split(r"^## ", text.split(COST_SECTION, 1)[1].split("\n", 1)[1], maxsplit=1, flags=re.M)[0].strip()
 
 
 def _split_status(body: str) -> tuple[str, str]:
