@@ -324,12 +324,10 @@ def _start(spec: EngineSpec) -> EngineHandle:
 
 
 def _resolved_async(e: Any) -> bool:
-    """The scenario's scheduling mode, vLLM's CUDA default for an unset one (the harness's rule)."""
-    if e.async_scheduling is not None:
-        return bool(e.async_scheduling)
+    """The scenario's scheduling mode as the harness resolves it (vLLM's CUDA default when unset)."""
     from fuzz.sim import vllm_bridge as vb
 
-    return vb.default_async_scheduling(vb.vllm_config_for(e, SHARED_MAX_MODEL_LEN))
+    return bool(vb.vllm_config_for(e, SHARED_MAX_MODEL_LEN).scheduler_config.async_scheduling)
 
 
 @contextlib.contextmanager

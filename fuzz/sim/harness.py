@@ -71,17 +71,18 @@ class SchedulerContractError(Exception):
     at the scheduler's output, with the broken rule (`contract`) as its mechanism, not a tool
     failure: a GPU worker would run it on garbage. Checked before the harness uses the state."""
 
+    location = "scheduler-output"
+
     def __init__(self, contract: str, message: str):
         super().__init__(message)
         self.contract = contract
 
     def crash(self, step: int) -> Crash:
-        return Crash("SchedulerContract", str(self), SCHEDULER_OUTPUT, step, self.contract)
+        return Crash("SchedulerContract", str(self), self.location, step, self.contract)
 
 
-SCHEDULER_OUTPUT = "scheduler-output"  # the location of a SchedulerContractError
-STALE_DELIVERY = "stale-delivery"  # ... raised on a stale delivery that moved a preempted request
-STALE_OUTPUT_CHANGES_NOTHING = "stale-output-changes-nothing"  # its rule
+SCHEDULER_OUTPUT = SchedulerContractError.location
+STALE_OUTPUT_CHANGES_NOTHING = "stale-output-changes-nothing"  # the rule a StaleDeliveryError breaks
 
 
 class StaleDeliveryError(SchedulerContractError):
@@ -89,8 +90,8 @@ class StaleDeliveryError(SchedulerContractError):
     scheduled, and moved its counters: the stale share must change nothing (AsyncScheduler
     `_update_request_with_output(is_stale=True)`, Scheduler.update_from_output's stale branch)."""
 
-    def crash(self, step: int) -> Crash:
-        return Crash("SchedulerContract", str(self), STALE_DELIVERY, step, self.contract)
+    location = "stale-delivery"
+
 
 # vLLM's contract for one scheduled row, each rule by name (the finding's mechanism):
 ROW_WITHIN_TOKENS = "row-within-tokens"  # the row covers tokens its request has
@@ -331,11 +332,18 @@ class _Runner:
                 # applied (the audit's book otherwise learns hashes after update_from_output)
                 self.book.learn(rid, session.request(rid).block_hashes, truth)
         aborts = self.plan.aborts(step, self._running)
-        if self.in_flight_aborts:  # arrived during the last step's batch, which applied no output
-            aborts += [rid for rid in self.in_flight_aborts if self._running(rid) and rid not in aborts]
-            self.in_flight_aborts = []
+        # arrived during the last step's batch, which applied no output
+        aborts += [rid for rid in self._drain_in_flight_aborts() if rid not in aborts]
         if aborts:
             self._abort(rec, aborts)
+
+    def _drain_in_flight_aborts(self) -> list[str]:
+        """The aborts queue's requests that are still running; the queue is empty after."""
+        if not self.in_flight_aborts:
+            return []
+        aborts = [rid for rid in self.in_flight_aborts if self._running(rid)]
+        self.in_flight_aborts = []
+        return aborts
 
     def _abort(self, rec: StepRecord, aborts: list[str]) -> None:
         self.session.abort(aborts)
@@ -403,12 +411,10 @@ class _Runner:
     def _apply(self, rec: StepRecord, batch: Batch) -> None:
         """The engine core hands a batch's output to the scheduler (`update_from_output`), after the
         aborts that arrived while it executed (`EngineCore._process_aborts_queue`)."""
-        if self.in_flight_aborts:
-            aborts = [rid for rid in self.in_flight_aborts if self._running(rid)]
-            self.in_flight_aborts = []
-            if aborts:
-                self.trace.in_flight_aborts.update((rec.step, rid) for rid in aborts)
-                self._abort(rec, aborts)
+        aborts = self._drain_in_flight_aborts()
+        if aborts:
+            self.trace.in_flight_aborts.update((rec.step, rid) for rid in aborts)
+            self._abort(rec, aborts)
         session = self.session
         before = {}
         for rid in batch.stale:
