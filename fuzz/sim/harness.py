@@ -234,6 +234,8 @@ class _Runner:
         self.async_mode = session.async_scheduling
         self.queue = BatchQueue(session.batch_queue_depth)  # the engine core's batches in flight
         self._in_flight_step = -1
+        self._step: tuple = ()  # (record, batch event, admissible requests) of the step running
+        self._state_block_size = e.mamba_block_size if prefix_caching else None  # check_row's grid
         self.in_flight_aborts: list[str] = []  # delivered by the aborts queue at the next update
         if self.async_mode:
             session.cache_keys_version()  # install the key watch before the first schedule()
@@ -283,33 +285,37 @@ class _Runner:
         rec = StepRecord(step)
         self.trace.steps.append(rec)
         self._take_input(rec, step)
-        session = self.session
         event = None
         if self.async_mode:
             event = self.trace.batches[step] = BatchEvent(in_flight=len(self.queue.in_flight))
-            session.take_inserted()
+            self.session.take_inserted()
         waiting = sorted(rid for rid in self.unadmitted if self._running(rid)) if self.unadmitted else ()
-
-        def forward(batch: Batch) -> None:
-            if event is not None:
-                event.scheduled, event.published = batch.index, tuple(session.take_inserted())
-            self._forward(rec, batch, waiting)
-            self._take_in_flight_aborts(step)
-            if event is not None:
-                event.in_flight = len(self.queue.in_flight) + 1
-
-        def apply(batch: Batch) -> None:
-            self._take_in_flight_aborts(step)
-            if event is not None:
-                session.take_inserted()
-            self._apply(rec, batch)
-            if event is not None:
-                event.applied, event.published_on_update = batch.index, tuple(session.take_inserted())
-
-        self.queue.step(session, forward, apply)
-        self._take_in_flight_aborts(step)  # a step that ran no batch: they wait for the next input
+        self._step = (rec, event, waiting)  # what the queue's callbacks (bound once) work on
+        self.queue.step(self.session, self._on_forward, self._on_apply)
+        if self.plan.in_flight_aborts_at:
+            self._take_in_flight_aborts(step)  # a step that ran no batch: they wait for the next input
         if self.prefix_caching:
             self._audit_cache(rec)
+
+    def _on_forward(self, batch: Batch) -> None:
+        rec, event, waiting = self._step
+        if event is not None:
+            event.scheduled, event.published = batch.index, tuple(self.session.take_inserted())
+        self._forward(rec, batch, waiting)
+        if self.plan.in_flight_aborts_at:
+            self._take_in_flight_aborts(rec.step)
+        if event is not None:
+            event.in_flight = len(self.queue.in_flight) + 1
+
+    def _on_apply(self, batch: Batch) -> None:
+        rec, event, _ = self._step
+        if self.plan.in_flight_aborts_at:
+            self._take_in_flight_aborts(rec.step)
+        if event is not None:
+            self.session.take_inserted()
+        self._apply(rec, batch)
+        if event is not None:
+            event.applied, event.published_on_update = batch.index, tuple(self.session.take_inserted())
 
     def _take_in_flight_aborts(self, step: int) -> None:
         """Aborts that arrive while `step`'s batch executes join the aborts queue (once a step)."""
@@ -331,9 +337,9 @@ class _Runner:
                 # schedule() may publish the prompt's blocks before any output of this request is
                 # applied (the audit's book otherwise learns hashes after update_from_output)
                 self.book.learn(rid, session.request(rid).block_hashes, truth)
-        aborts = self.plan.aborts(step, self._running)
-        # arrived during the last step's batch, which applied no output
-        aborts += [rid for rid in self._drain_in_flight_aborts() if rid not in aborts]
+        aborts = self.plan.aborts(step, self._running) if self.plan.aborts_at else []
+        if self.in_flight_aborts:  # arrived during the last step's batch, which applied no output
+            aborts += [rid for rid in self._drain_in_flight_aborts() if rid not in aborts]
         if aborts:
             self._abort(rec, aborts)
 
@@ -411,7 +417,7 @@ class _Runner:
     def _apply(self, rec: StepRecord, batch: Batch) -> None:
         """The engine core hands a batch's output to the scheduler (`update_from_output`), after the
         aborts that arrived while it executed (`EngineCore._process_aborts_queue`)."""
-        aborts = self._drain_in_flight_aborts()
+        aborts = self._drain_in_flight_aborts() if self.in_flight_aborts else None
         if aborts:
             self.trace.in_flight_aborts.update((rec.step, rid) for rid in aborts)
             self._abort(rec, aborts)
@@ -465,8 +471,7 @@ class _Runner:
         known = live.known
         end = start + n - num_drafts  # the row's real tokens end here; its drafts follow
         tables = (self.session.mamba_block_ids(rid),)
-        check_row(rid, start, n, num_drafts, known, tables[0],
-                  self.s.engine.mamba_block_size if self.prefix_caching else None)
+        check_row(rid, start, n, num_drafts, known, tables[0], self._state_block_size)
         num_prompt = req.num_prompt_tokens
         spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, truth, num_prompt,
                                             live.prefill_len or num_prompt)
