@@ -1,5 +1,5 @@
 #!/bin/bash -eu
-# Build mambafuzz's atheris targets (fuzz/search/targets/fuzz_*.py) and their seed corpus zips.
+# Build mambafuzz's atheris targets (mambafuzz/search/targets/fuzz_*.py) and their seed corpus zips.
 #
 # Inside ClusterFuzzLite/OSS-Fuzz ($SRC, $OUT set by the builder image): installs the project
 # with the CPU vLLM, bundles each target with compile_python_fuzzer, and zips the seeds.
@@ -14,7 +14,7 @@ if [ "${DRY_RUN:-0}" != "1" ]; then
   pip3 install '.[cpu,fuzz]'
   pip3 uninstall -y torchvision torchaudio torchcodec || true
 fi
-for fuzzer in fuzz/search/targets/fuzz_*.py; do
+for fuzzer in mambafuzz/search/targets/fuzz_*.py; do
   name=$(basename -s .py "$fuzzer")
   python3 - "$OUT/${name}_seed_corpus.zip" corpus/seeds corpus/regressions corpus/generated <<'PY'
 import sys, zipfile, pathlib
@@ -36,7 +36,7 @@ PY
     grep -E "^Done [0-9]+ runs" "$OUT/${name}.dryrun.log"
     rm -rf "$work"
   else
-    compile_python_fuzzer "$fuzzer" --collect-all vllm --collect-all fuzz --add-data fuzz/tiny_model:fuzz/tiny_model
+    compile_python_fuzzer "$fuzzer" --collect-all vllm --collect-all fuzz --add-data mambafuzz/tiny_model:mambafuzz/tiny_model
   fi
 done
 echo "build.sh: ok ($OUT)"

@@ -1,4 +1,4 @@
-"""Benchmark: what the runtime audit plugin (fuzz/engine_tier/audit_plugin.py) costs.
+"""Benchmark: what the runtime audit plugin (mambafuzz/engine_tier/audit_plugin.py) costs.
 
 Run:  python bench/audit_overhead.py [--rounds N] [--requests N] [--json]
 
@@ -31,7 +31,7 @@ BLOCK = 256
 
 
 def workload(num_requests: int):
-    from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario
+    from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario
 
     reqs = [RequestSpec(prefix_ids=[i % 2], unique_len=500 + 137 * i % 1000, max_tokens=32)
             for i in range(num_requests)]
@@ -47,12 +47,12 @@ def _timed(fn: Callable[[], None]) -> tuple[float, float]:
 
 
 def measure(kind: str, rounds: int, num_requests: int) -> dict:
-    from fuzz.engine_tier import audit_plugin
+    from mambafuzz.engine_tier import audit_plugin
 
     s = workload(num_requests)
     tokens = sum(s.prompt_len(i) + r.max_tokens for i, r in enumerate(s.requests))
     if kind == "scheduler":
-        from fuzz.sim import harness
+        from mambafuzz.sim import harness
 
         def run() -> None:
             for _ in range(5):
@@ -61,8 +61,8 @@ def measure(kind: str, rounds: int, num_requests: int) -> dict:
         tokens *= 5
         audit_of = lambda: audit_plugin.RECENT[-1] if audit_plugin.RECENT else None  # noqa: E731
     else:
-        from fuzz.engine_tier import engines
-        from fuzz.engine_tier.engine_repro import replay
+        from mambafuzz.engine_tier import engines
+        from mambafuzz.engine_tier.engine_repro import replay
 
         handle = engines.get_engine(engines.EngineSpec.for_scenario(s, True))
 

@@ -1,4 +1,4 @@
-"""Benchmark: executions per second of the conformance driver (fuzz/checks/conform_drive.py).
+"""Benchmark: executions per second of the conformance driver (mambafuzz/conform/drive.py).
 
 Run:  python bench/conform_speed.py [--reps N] [--runners v1,v2] FILE.json ...
 
@@ -14,8 +14,8 @@ import statistics
 import time
 
 from bench.harness_speed import bare_run
-from fuzz.checks.conform_drive import drive
-from fuzz.store.corpus import load_case
+from mambafuzz.conform.drive import drive
+from mambafuzz.store.corpus import load_case
 
 
 def _median_time(fn, reps: int) -> float:

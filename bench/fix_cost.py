@@ -1,4 +1,4 @@
-"""What a candidate fix costs (see fuzz/store/fix_cost.py):
+"""What a candidate fix costs (see mambafuzz/tools/fix_cost.py):
 
     python bench/fix_cost.py corpus/upstream/NAME/fix.py [--random N] [--seed S]
 """
@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fuzz.store.fix_cost import main  # noqa: E402
+from mambafuzz.tools.fix_cost import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

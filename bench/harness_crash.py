@@ -1,5 +1,5 @@
 """Harness-crash campaign: can a buggy vLLM stop a fuzz worker? Plant each bug of
-fuzz/search/mutants.py in turn, fuzz `--split fixed` from an empty corpus with no known bugs
+mambafuzz/search/mutants.py in turn, fuzz `--split fixed` from an empty corpus with no known bugs
 (every violation is filed), and count what must stay 0: worker deaths and tool failures (inputs
 kept under findings/tool-errors/). Contract findings (`SchedulerContract@scheduler-output|rule`)
 are listed: each rule needs a test in tests/.
@@ -28,7 +28,7 @@ DEATH = re.compile(r"died \(exit|cannot run:|before it started")
 def hunt(mutant: str, max_time: float, seed: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.run(
-            [sys.executable, "-m", "fuzz.cli.main", "fuzz", "--split", "fixed", "--max-time", str(max_time),
+            [sys.executable, "-m", "mambafuzz.cli.main", "fuzz", "--split", "fixed", "--max-time", str(max_time),
              "--seed", str(seed), "--seeds", "--known", "--quiet", "--minimize-budget", "1",
              "--corpus", f"{tmp}/corpus", "--findings", f"{tmp}/findings"],
             cwd=ROOT, env=dict(os.environ, MAMBAFUZZ_MUTANT=mutant), capture_output=True, text=True,
@@ -45,7 +45,7 @@ def hunt(mutant: str, max_time: float, seed: int) -> dict:
 
 
 def main() -> int:
-    from fuzz.search.mutants import MUTANTS
+    from mambafuzz.search.mutants import MUTANTS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--max-time", type=float, default=45.0)

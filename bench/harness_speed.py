@@ -14,8 +14,8 @@ the VllmConfigs is excluded; time.perf_counter, or time.process_time with --cloc
             the same steps);
             Prompt token ids are built once, outside the timing (that is harness work);
   bare2     bare1 plus the same loop with prefix caching off (what evaluate's 2 runs cost bare);
-  harness1  fuzz.sim.harness.run(scenario): one cached harness run;
-  evaluate  fuzz.checks.pipeline.evaluate(scenario, "fixed"): cached + uncached runs + oracle;
+  harness1  mambafuzz.sim.harness.run(scenario): one cached harness run;
+  evaluate  mambafuzz.checks.pipeline.evaluate(scenario, "fixed"): cached + uncached runs + oracle;
   tests10k  evaluate as vLLM's own CPU tests build a scheduler (tests/v1/core/utils.py,
             create_scheduler): every run builds its ModelConfig, VllmConfig, KVCacheConfig and a
             Scheduler over a fresh 10,000-block KVCacheManager from scratch (our build caches
@@ -54,8 +54,8 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
-from fuzz.checks import pipeline
-from fuzz.model.scenario import (
+from mambafuzz.checks import pipeline
+from mambafuzz.model.scenario import (
     EngineConfig,
     RequestSpec,
     Scenario,
@@ -64,11 +64,11 @@ from fuzz.model.scenario import (
     with_runner,
     with_scheduling,
 )
-from fuzz.model.step_plan import StepPlan
-from fuzz.sim import harness
-from fuzz.sim import vllm_bridge as vb
-from fuzz.sim.constant_worker import ConstantWorker
-from fuzz.sim.engine_core import BatchQueue
+from mambafuzz.model.step_plan import StepPlan
+from mambafuzz.sim import harness
+from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.sim.constant_worker import ConstantWorker
+from mambafuzz.sim.engine_core import BatchQueue
 
 FRESH_BLOCKS = 10_000
 TARGET_BARE_RATIO = 1.3
@@ -123,9 +123,9 @@ def with_pool(s: Scenario, num_blocks: int) -> Scenario:
 
 def bare_run(s: Scenario, prompts: list[list[int]], prefix_caching: bool = True) -> int:
     """Drive the same Scheduler the harness builds with no kernel model, truth or oracle, under
-    the same engine-core loop (fuzz.sim.engine_core.BatchQueue: vLLM's AsyncScheduler with its
+    the same engine-core loop (mambafuzz.sim.engine_core.BatchQueue: vLLM's AsyncScheduler with its
     batch queue when the scenario runs async) and a constant-token worker
-    (fuzz.sim.constant_worker); returns the number of engine steps taken (to check it matches
+    (mambafuzz.sim.constant_worker); returns the number of engine steps taken (to check it matches
     the harness).  `prompts` are the scenario's prompt token ids, built once outside the
     timing: turning a scenario into token ids is harness work, not vLLM's."""
     engine = s.engine if prefix_caching else s.engine.without_prefix_caching()

@@ -2,9 +2,9 @@
 
 - `none`: nothing instrumented (the random generator's speed);
 - `import-hook`: `atheris.instrument_imports(include=["vllm.v1.core", "vllm.v1.kv_cache_interface",
-  "fuzz.model.generate"])` around the target's imports, as the target did until 2026-12-01; atheris
+  "mambafuzz.model.generate"])` around the target's imports, as the target did until 2026-12-01; atheris
   keeps only each name's top-level package, so that instruments all of vllm and fuzz;
-- `scoped`: fuzz.search.instrumentation.instrument_modules(COVERAGE_MODULES), what the target does now.
+- `scoped`: mambafuzz.search.instrumentation.instrument_modules(COVERAGE_MODULES), what the target does now.
 
 Each mode runs in its own process over the same seeded inputs (decode + evaluate, as one fuzz
 execution does), after a warm-up.  Prints executions/s and the ratio to `none` measured in
@@ -32,19 +32,19 @@ mode, n_inputs, reps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 count = 0
 if mode == "import-hook":
     import atheris
-    with atheris.instrument_imports(include=["vllm.v1.core", "vllm.v1.kv_cache_interface", "fuzz.model.generate"]):
-        from fuzz.checks.pipeline import evaluate
-        from fuzz.model.inputs import decode_input
+    with atheris.instrument_imports(include=["vllm.v1.core", "vllm.v1.kv_cache_interface", "mambafuzz.model.generate"]):
+        from mambafuzz.checks.pipeline import evaluate
+        from mambafuzz.model.inputs import decode_input
     import types
     count = sum(1 for o in gc.get_objects() if isinstance(o, types.FunctionType)
                 and "__ATHERIS_INSTRUMENTED__" in o.__code__.co_consts)
 else:
-    from fuzz.checks.pipeline import evaluate
-    from fuzz.model.inputs import decode_input
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.model.inputs import decode_input
     if mode == "scoped":
-        from fuzz.search.instrumentation import COVERAGE_MODULES, instrument_modules
+        from mambafuzz.search.instrumentation import COVERAGE_MODULES, instrument_modules
         count = instrument_modules(COVERAGE_MODULES)
-from fuzz.model.scenario import ScenarioError
+from mambafuzz.model.scenario import ScenarioError
 rng = random.Random(7)
 inputs = [bytes(rng.getrandbits(8) for _ in range(rng.randint(16, 400))) for _ in range(n_inputs)]
 scenarios = [s for s in (decode_input(b) for b in inputs) if s is not None]

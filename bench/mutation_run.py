@@ -1,6 +1,6 @@
 """Systematic mutation analysis: for each generated first-order mutant of vLLM's mamba
-scheduling code (fuzz/search/mutation_tool.py, mutmut's operators), run one time-boxed
-`python -m fuzz.cli fuzz --split fixed` from an empty corpus with the mutant planted in its
+scheduling code (mambafuzz/tools/mutation.py, mutmut's operators), run one time-boxed
+`python -m mambafuzz.cli fuzz --split fixed` from an empty corpus with the mutant planted in its
 workers, and count a kill only when attributed: the first finding fails with the mutant and
 replays clean without it (`mutants.confirms_kill`, in this process, where nothing is planted).
 
@@ -49,7 +49,7 @@ def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: f
         env = dict(os.environ, MAMBAFUZZ_MUTANT=mutant_id)
         start = time.monotonic()
         proc = subprocess.run(
-            [sys.executable, "-m", "fuzz.cli", "fuzz", "--split", "fixed", "--generator", generator,
+            [sys.executable, "-m", "mambafuzz.cli", "fuzz", "--split", "fixed", "--generator", generator,
              "--max-time", str(max_time), "--stop-on-first", "--seeds", "--quiet", "--known", *KNOWN,
              "--corpus", f"{tmp}/corpus", "--findings", f"{tmp}/findings", "--minimize-budget", str(minimize_budget)],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=max_time + 600)
@@ -65,8 +65,8 @@ def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: f
         meta = json.loads(files[0].read_text())["finding"]
         row.update(signature=meta["signature"], seconds=meta["origin"].get("seconds"),
                    execs=meta["origin"].get("execs"))
-        from fuzz.search.mutants import confirms_kill
-        from fuzz.store.corpus import load_case
+        from mambafuzz.search.mutants import confirms_kill
+        from mambafuzz.store.corpus import load_case
 
         case = load_case(files[0])
         with LOCK:
@@ -86,10 +86,10 @@ def hidden_by_known_fixes(scenario, mutant_id: str) -> bool | None:
     runs)? A fix that does not apply on top of the mutant is skipped, as the worker does."""
     import contextlib
 
-    from fuzz.checks.pipeline import evaluate
-    from fuzz.search import mutants
-    from fuzz.sim import patching
-    from fuzz.store.known_bugs import known_fix_bugs
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.search import mutants
+    from mambafuzz.sim import patching
+    from mambafuzz.store.known_bugs import known_fix_bugs
 
     with contextlib.ExitStack() as stack:
         for p in mutants.patches(mutant_id):
@@ -113,10 +113,10 @@ def replay_survivors(rows: list[dict], dirs: list[str]) -> dict[str, dict]:
       (strict efficiency oracle, which campaigns do not run);
     - `differs`: how many cases schedule differently at all (trace digest): 0 of many is the
       first hint of an equivalent mutant, never the proof."""
-    from fuzz.checks.pipeline import evaluate
-    from fuzz.search import mutants
-    from fuzz.store.corpus import load_case
-    from fuzz.store.report import trace_digest
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.search import mutants
+    from mambafuzz.store.corpus import load_case
+    from mambafuzz.store.report import trace_digest
 
     cases = []
     for d in dirs:
@@ -195,7 +195,7 @@ def table(rows: list[dict], generated: Counter) -> str:
 
 
 def main() -> int:
-    from fuzz.search import mutation_tool as mt
+    from mambafuzz.tools import mutation as mt
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--targets", nargs="+", default=["split"], help=f"groups ({', '.join(mt.GROUPS)}) or Class.function")

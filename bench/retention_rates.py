@@ -16,10 +16,10 @@ import collections
 import random
 import time
 
-from fuzz.checks.pipeline import evaluate
-from fuzz.model.generate import random_scenario
-from fuzz.model.scenario import EngineConfig, validate
-from fuzz.sim import splits
+from mambafuzz.checks.pipeline import evaluate
+from mambafuzz.model.generate import random_scenario
+from mambafuzz.model.scenario import EngineConfig, validate
+from mambafuzz.sim import splits
 
 
 def retention_class(e: EngineConfig) -> str:

@@ -17,9 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fuzz.checks.pipeline import signature_of  # noqa: E402
-from fuzz.model.scenario import with_runner, with_scheduling  # noqa: E402
-from fuzz.store.corpus import iter_cases  # noqa: E402
+from mambafuzz.checks.pipeline import signature_of  # noqa: E402
+from mambafuzz.model.scenario import with_runner, with_scheduling  # noqa: E402
+from mambafuzz.store.corpus import iter_cases  # noqa: E402
 
 RUNNERS = ("v1", "v2")
 MODES = ("sync", "async")

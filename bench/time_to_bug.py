@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def fuzz(args: list[str], cwd: Path, timeout: float) -> tuple[int, str, float]:
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "fuzz.cli.main", "fuzz", *args], cwd=cwd, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "mambafuzz.cli.main", "fuzz", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
@@ -67,8 +67,8 @@ def one_hunt(split: str, engine: str, seed: int, max_time: float) -> dict:
 def confirms_split_bug(path: Path, split: str) -> tuple[bool, str]:
     """Fails under `split`, clean under the installed split: the planted (split) bug itself."""
     sys.path.insert(0, str(ROOT))
-    from fuzz.checks.pipeline import evaluate
-    from fuzz.store.corpus import load_case
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.store.corpus import load_case
 
     scenario = load_case(path).scenario
     if evaluate(scenario, split, efficiency=False).verdict.clean:

@@ -6,7 +6,7 @@ refactor changed nothing a run does.  Record before, compare after:
     python bench/trace_digests.py --generated 300 --compare /tmp/before.jsonl
 
 Each row: the input, the split, the verdict's signatures, and digests of the cached and the
-uncached traces (fuzz.store.report.trace_digest: every step record, chunk, write, cache entry and
+uncached traces (mambafuzz.store.report.trace_digest: every step record, chunk, write, cache entry and
 output).  Exit 1 and one line per difference when --compare finds any.
 """
 
@@ -21,12 +21,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fuzz.checks.pipeline import evaluate  # noqa: E402
-from fuzz.model.generate import random_scenario  # noqa: E402
-from fuzz.model.inputs import decode_input, iter_input_files  # noqa: E402
-from fuzz.model.scenario import ScenarioError, validate, with_scheduling  # noqa: E402
-from fuzz.store.corpus import iter_cases  # noqa: E402
-from fuzz.store.report import trace_digest  # noqa: E402
+from mambafuzz.checks.pipeline import evaluate  # noqa: E402
+from mambafuzz.model.generate import random_scenario  # noqa: E402
+from mambafuzz.model.inputs import decode_input, iter_input_files  # noqa: E402
+from mambafuzz.model.scenario import ScenarioError, validate, with_scheduling  # noqa: E402
+from mambafuzz.store.corpus import iter_cases  # noqa: E402
+from mambafuzz.store.report import trace_digest  # noqa: E402
 
 
 def inputs(generated: int):

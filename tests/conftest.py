@@ -8,7 +8,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario  # noqa: E402
+from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario  # noqa: E402
 
 MAMBA_BLOCK_SIZE = 1600
 ATTN_BLOCK_SIZE = 16

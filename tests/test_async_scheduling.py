@@ -10,13 +10,21 @@ from types import SimpleNamespace
 
 import pytest
 
-from fuzz.checks.pipeline import evaluate
-from fuzz.model.generate import random_scenario
-from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ScenarioError, loads, validate, with_scheduling
-from fuzz.sim import engine_core, harness
-from fuzz.sim import vllm_bridge as vb
-from fuzz.store.corpus import load_case
-from fuzz.store.report import step_table, trace_digest
+from mambafuzz.checks.pipeline import evaluate
+from mambafuzz.model.generate import random_scenario
+from mambafuzz.model.scenario import (
+    EngineConfig,
+    RequestSpec,
+    Scenario,
+    ScenarioError,
+    loads,
+    validate,
+    with_scheduling,
+)
+from mambafuzz.sim import engine_core, harness
+from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.store.corpus import load_case
+from mambafuzz.store.report import step_table, trace_digest
 
 SEEDS = Path(__file__).resolve().parent.parent / "corpus" / "seeds"
 
@@ -82,7 +90,7 @@ def test_the_generator_draws_every_mode_and_in_flight_aborts():
 
 
 def test_the_minimizer_moves_the_mode_to_vllms_default():
-    from fuzz.search.minimizer import minimize
+    from mambafuzz.search.minimizer import minimize
 
     s = Scenario(mtp_engine(async_scheduling=False), requests=[RequestSpec(unique_len=40, max_tokens=2)])
     result = minimize(s, lambda c: True, time_budget=30)

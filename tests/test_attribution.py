@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.checks import attribution
-from fuzz.checks.pipeline import evaluate
-from fuzz.model.scenario import with_runner
-from fuzz.sim import patching
-from fuzz.store import corpus
-from fuzz.store.export import finding_runner
-from fuzz.store.finding_store import FindingStore, known_signatures
+from mambafuzz.checks import attribution
+from mambafuzz.checks.pipeline import evaluate
+from mambafuzz.model.scenario import with_runner
+from mambafuzz.sim import patching
+from mambafuzz.store import corpus
+from mambafuzz.store.finding_store import FindingStore, known_signatures
+from mambafuzz.upstream.export import finding_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / "corpus" / "upstream"
 KNOWN = [ROOT / "corpus" / "regressions", UPSTREAM]
 MIDBLOCK = UPSTREAM / "internal_checkpoint_midblock_resume"
-PLANTED = "fuzz.search.mutants:realign_one_block_late_split"
+PLANTED = "mambafuzz.search.mutants:realign_one_block_late_split"
 
 
 def collision_scenario():
@@ -148,9 +148,9 @@ def test_pr_mode_files_what_its_base_does_not_show_even_where_a_known_fix_explai
     installed vLLM, in the base process). A known fix also makes the planted bug's case clean, so
     attribution by fix dropped it as known; against the base it is new. An upstream case the base
     shows too is recorded as pre-existing, labelled by its fix, and is not new."""
-    from fuzz.checks.pipeline import signature_of
-    from fuzz.search import mutants
-    from fuzz.search.base_oracle import BaseOracle
+    from mambafuzz.checks.pipeline import signature_of
+    from mambafuzz.search import mutants
+    from mambafuzz.search.base_oracle import BaseOracle
 
     planted = corpus.load_case(ROOT / "tests" / "data" / "split_hash_grid_clean_under_a_known_fix.json").scenario
     upstream = corpus.load_case(MIDBLOCK / "internal_checkpoint_poison_read_back.json").scenario

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.search.supervisor import CampaignConfig, launches
-from fuzz.search.worker_protocol import MIN_FUZZ_SECONDS, WorkerConfig
+from mambafuzz.search.supervisor import CampaignConfig, launches
+from mambafuzz.search.worker_protocol import MIN_FUZZ_SECONDS, WorkerConfig
 
 
 def campaign(generator: str, tmp_path: Path, max_time: float = 60.0) -> CampaignConfig:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fuzz.cli.main import main
+from mambafuzz.cli.main import main
 from tests.conftest import first_chunk_scenario
 
 
@@ -81,7 +81,7 @@ def test_expected_verdict_is_compared(tmp_path, capsys):
 
 
 def test_console_script_runs(first_chunk_file):
-    proc = subprocess.run([sys.executable, "-m", "fuzz.cli.main", "repro", str(first_chunk_file), "--split", "prefix",
+    proc = subprocess.run([sys.executable, "-m", "mambafuzz.cli.main", "repro", str(first_chunk_file), "--split", "prefix",
                            "--no-differential"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -90,8 +90,8 @@ def test_console_script_runs(first_chunk_file):
 def test_repro_raw_reads_a_fuzzing_corpus_input_as_the_targets_decode_it(tmp_path, capsys):
     """Raw libFuzzer inputs (corpus/generated, crash-* files) replay with --raw, through the same
     decoder the fuzz targets use; without --raw the one-line error says to add it."""
-    from fuzz.checks.pipeline import evaluate
-    from fuzz.model.inputs import MAX_INPUT_BYTES, decode_input
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.model.inputs import MAX_INPUT_BYTES, decode_input
 
     data = bytes(range(7, 250, 3)) * 3
     raw = tmp_path / "crash-0123"
@@ -126,8 +126,8 @@ def test_repro_raw_reads_a_fuzzing_corpus_input_as_the_targets_decode_it(tmp_pat
 
 def test_a_crash_of_mambafuzz_itself_is_exit_3_in_one_line_never_a_finding(monkeypatch, capsys, first_chunk_file):
     """An uncaught exception used to exit 1, the code for "violation found"."""
-    from fuzz.checks import pipeline
-    from fuzz.cli import main as cli
+    from mambafuzz.checks import pipeline
+    from mambafuzz.cli import main as cli
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated bug in mambafuzz\nsecond line")

@@ -1,13 +1,13 @@
-"""The mirror against vLLM's own worker code (fuzz/checks/conform_check.py): agreement on the cases
+"""The mirror against vLLM's own worker code (mambafuzz/conform/compare.py): agreement on the cases
 that depend on the runner rules, and a broken mirror rule is caught."""
 
 from pathlib import Path
 
 import pytest
 
-from fuzz.checks import conform_check
-from fuzz.sim.kernel_model import KernelModel
-from fuzz.store.corpus import load_case
+from mambafuzz.conform import compare as conform_check
+from mambafuzz.sim.kernel_model import KernelModel
+from mambafuzz.store.corpus import load_case
 
 UPSTREAM = Path(__file__).resolve().parent.parent / "corpus" / "upstream"
 V1_SKIP = UPSTREAM / "v1_unscheduled_step_forgets_accepted_tokens" / "v1_unscheduled_step_forgets_accepted_tokens.json"
@@ -32,7 +32,7 @@ def test_a_mirror_that_calls_every_padded_row_a_spec_row_is_caught(monkeypatch):
 
 
 def test_the_conform_command_exit_codes(monkeypatch, capsys):
-    from fuzz.cli.main import main
+    from mambafuzz.cli.main import main
 
     assert main(["conform", str(V1_SKIP)]) == 0
     assert "0 disagreeing row(s)" in capsys.readouterr().out
@@ -40,7 +40,7 @@ def test_the_conform_command_exit_codes(monkeypatch, capsys):
     assert main(["conform", str(V1_SKIP), "--runner", "v1"]) == 1
     assert "DISAGREE" in capsys.readouterr().out
     assert main(["conform"]) == 2
-    from fuzz.sim import vllm_bridge as vb
+    from mambafuzz.sim import vllm_bridge as vb
 
     def rejected(*args, **kwargs):
         raise vb.ConfigRejected("simulated: every generated config refused")
@@ -79,12 +79,12 @@ ROW_KINDS = {
 def row_kind_disagreements(runner: str, k: int, history) -> list:
     """Feed `history` to vLLM's own worker for `runner` (an MTP engine with k drafts, or none) and
     hold the kernel model against what it did."""
-    from fuzz.checks.conform_drive import ConformStep
-    from fuzz.checks.conform_rows import RowInput, StepInput
-    from fuzz.checks.conform_v2 import V2Worker
-    from fuzz.checks.conform_vllm import V1Worker
-    from fuzz.model.scenario import EngineConfig
-    from fuzz.sim import vllm_bridge as vb
+    from mambafuzz.conform.drive import ConformStep
+    from mambafuzz.conform.rows import RowInput, StepInput
+    from mambafuzz.conform.v1 import V1Worker
+    from mambafuzz.conform.v2 import V2Worker
+    from mambafuzz.model.scenario import EngineConfig
+    from mambafuzz.sim import vllm_bridge as vb
 
     spec = dict(spec_method="mtp", num_speculative_tokens=k) if k else {}
     e = EngineConfig(mamba_block_size=MAMBA_BLOCK_SIZE, attn_block_size=MAMBA_BLOCK_SIZE,
@@ -114,7 +114,7 @@ def test_the_mirror_agrees_with_vllms_worker_on_each_row_kind(kind, runner, k):
 def test_a_mixer_rule_broken_on_a_row_kind_is_caught(monkeypatch):
     """GDN's builder takes every row with drafts down the spec path (gdn_attn.py:292); a mirror
     that sends it down the prefill path reads and writes the wrong columns."""
-    from fuzz.sim import mixers
+    from mambafuzz.sim import mixers
 
     monkeypatch.setattr(mixers.GDN, "path", staticmethod(lambda *args, **kwargs: mixers.PREFILL))
     found = row_kind_disagreements("v1", 1, ROW_KINDS["decode with a draft after 2 accepted tokens"])
@@ -126,9 +126,9 @@ def test_worker_code_of_another_release_is_a_one_line_unsupported_vllm(monkeypat
     on those releases it stays an internal error, because there it is mambafuzz's bug."""
     import pytest
 
-    from fuzz.cli import conformance
-    from fuzz.exit_codes import ToolError
-    from fuzz.sim.vllm_compat import about
+    from mambafuzz.cli import conformance
+    from mambafuzz.exit_codes import ToolError
+    from mambafuzz.sim.vllm_compat import about
 
     def missing_api():
         with conformance._worker_code_of_other_releases_is_unsupported():

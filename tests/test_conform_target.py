@@ -1,5 +1,5 @@
 """`mambafuzz fuzz --target conform`: the kernel model against vLLM's own worker code as a fuzz
-target (fuzz/checks/conform_target.py): it runs on each runner, finds a planted mirror bug, files it as
+target (mambafuzz/conform/target.py): it runs on each runner, finds a planted mirror bug, files it as
 a case `mambafuzz conform` reproduces, and a campaign that checked nothing is a tool failure."""
 
 import json
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.checks import conform_target
-from fuzz.cli.main import main
-from fuzz.sim.kernel_model import KernelModel
-from fuzz.store.corpus import load_case
+from mambafuzz.cli.main import main
+from mambafuzz.conform import target as conform_target
+from mambafuzz.sim.kernel_model import KernelModel
+from mambafuzz.store.corpus import load_case
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "corpus" / "seeds" / "shared_prefix_block_hits.json"
@@ -20,7 +20,7 @@ SEED = ROOT / "corpus" / "seeds" / "shared_prefix_block_hits.json"
 # A planted mirror bug: the kernel model forgets the pre-forward copy of a row whose running
 # column moves (preprocess_mamba's copy, mamba_utils.py), on both runners and mixers.
 PLANT = '''
-from fuzz.sim.patching import Wrap
+from mambafuzz.sim.patching import Wrap
 
 
 def _no_precopy(run_row):
@@ -30,13 +30,13 @@ def _no_precopy(run_row):
     return run_row_without_precopy
 
 
-PATCHES = [Wrap("fuzz.sim.kernel_model:KernelModel.run_row", _no_precopy)]
+PATCHES = [Wrap("mambafuzz.sim.kernel_model:KernelModel.run_row", _no_precopy)]
 '''
 
 # Every input refused as vLLM refuses a config: the campaign executes nothing.
 REFUSE_ALL = '''
-from fuzz.sim import vllm_bridge as vb
-from fuzz.sim.patching import Wrap
+from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.sim.patching import Wrap
 
 
 def _refuse(compare):
@@ -45,12 +45,12 @@ def _refuse(compare):
     return refuse
 
 
-PATCHES = [Wrap("fuzz.checks.conform_check:compare", _refuse)]
+PATCHES = [Wrap("mambafuzz.conform.compare:compare", _refuse)]
 '''
 
 
 def mambafuzz(*args, cwd, timeout=300):
-    return subprocess.run([sys.executable, "-m", "fuzz.cli.main", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "mambafuzz.cli.main", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
 
 

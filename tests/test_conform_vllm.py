@@ -1,4 +1,4 @@
-"""What vLLM 0.32.0's own V1 worker code does per row (fuzz/checks/conform_vllm.py), on hand-built steps.
+"""What vLLM 0.32.0's own V1 worker code does per row (mambafuzz/conform/v1.py), on hand-built steps.
 
 Each test feeds the worker a step as the scheduler would hand it over and pins what vLLM's
 functions decided: row kind per metadata builder, initial-state read, writes, copies.
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz.checks.conform_rows import DECODE, PREFILL, SPEC_DECODE, RowInput, RowPlan, StepInput, Write
-from fuzz.checks.conform_v2 import V2Worker
-from fuzz.checks.conform_vllm import V1Worker
-from fuzz.model.scenario import EngineConfig
-from fuzz.sim import vllm_bridge as vb
+from mambafuzz.conform.rows import DECODE, PREFILL, SPEC_DECODE, RowInput, RowPlan, StepInput, Write
+from mambafuzz.conform.v1 import V1Worker
+from mambafuzz.conform.v2 import V2Worker
+from mambafuzz.model.scenario import EngineConfig
+from mambafuzz.sim import vllm_bridge as vb
 
 MAMBA_BLOCK_SIZE = 64
 NUM_BLOCKS = 64
@@ -191,8 +191,8 @@ def test_finished_request_is_forgotten(plain: V1Worker):
 def test_drive_yields_vllms_rows_for_a_prefix_hit():
     """Through the real scheduler: the second request is admitted with 192 tokens cached, and
     vLLM's pre-copy moves the cached state (column 2) into its running column 3."""
-    from fuzz.checks.conform_drive import drive
-    from fuzz.model.scenario import RequestSpec, Scenario
+    from mambafuzz.conform.drive import drive
+    from mambafuzz.model.scenario import RequestSpec, Scenario
 
     s = Scenario(engine=EngineConfig(mamba_block_size=MAMBA_BLOCK_SIZE, attn_block_size=16, max_num_batched_tokens=256),
                  prefixes=[3 * MAMBA_BLOCK_SIZE + 10],
@@ -237,8 +237,8 @@ def test_the_real_scheduler_pads_a_fresh_one_token_prompt():
     """Through the real scheduler: a 1-token prompt arriving while another request decodes is
     scheduled with 2 placeholder drafts and nothing computed; the classifications of
     PADDED_TAIL_KINDS[(runner, 0)] hold on that row."""
-    from fuzz.checks.conform_drive import drive
-    from fuzz.model.scenario import RequestSpec, Scenario
+    from mambafuzz.conform.drive import drive
+    from mambafuzz.model.scenario import RequestSpec, Scenario
 
     s = Scenario(engine=EngineConfig(mamba_block_size=MAMBA_BLOCK_SIZE, attn_block_size=16, max_num_batched_tokens=64,
                                      spec_method="mtp", num_speculative_tokens=2),
@@ -259,8 +259,8 @@ def test_the_real_scheduler_skips_a_spec_row_and_v1_copies_a_stale_state():
     V1 re-added it with accepted count 1, so its pre-copy moves column 0 (the state after 6
     tokens) over column 1, which the kernel then reads at 7 computed tokens. V2 copies column 1
     onto itself (invisible) and reads the right state."""
-    from fuzz.checks.conform_drive import drive
-    from fuzz.model.scenario import RequestSpec, Scenario
+    from mambafuzz.conform.drive import drive
+    from mambafuzz.model.scenario import RequestSpec, Scenario
 
     s = Scenario(engine=EngineConfig(mamba_block_size=8, attn_block_size=8, max_num_batched_tokens=10, max_num_seqs=4,
                                      spec_method="mtp", num_speculative_tokens=2),

@@ -1,6 +1,6 @@
 """Every seed is clean on the installed split; every regression case gives its expected
 verdict on each split it lists (`ci/regress` runs exactly this file). A case's
-`expected_by_vllm` entry for the installed vLLM replaces its `expected` verdicts (fuzz/store/corpus.py);
+`expected_by_vllm` entry for the installed vLLM replaces its `expected` verdicts (mambafuzz/store/corpus.py);
 a case the installed vLLM cannot run (a feature it lacks) is skipped with the reason."""
 
 import json
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.checks.pipeline import evaluate as _evaluate
-from fuzz.model.scenario import ScenarioError
-from fuzz.sim.vllm_compat import VllmUnsupported
-from fuzz.store.corpus import load_case, split_key
+from mambafuzz.checks.pipeline import evaluate as _evaluate
+from mambafuzz.model.scenario import ScenarioError
+from mambafuzz.sim.vllm_compat import VllmUnsupported
+from mambafuzz.store.corpus import load_case, split_key
 
 ROOT = Path(__file__).resolve().parent.parent
 REGRESSION_DIR = Path(__import__("os").environ.get("MAMBAFUZZ_REGRESSIONS", ROOT / "corpus" / "regressions"))
@@ -81,7 +81,7 @@ def test_every_upstream_finding_has_a_fix_an_exported_test_and_a_report():
 
 @pytest.mark.parametrize("path", UPSTREAM_FIXED, ids=[p.stem for p in UPSTREAM_FIXED])
 def test_upstream_case_is_clean_under_its_candidate_fix(path):
-    from fuzz.sim import patching
+    from mambafuzz.sim import patching
 
     patches = patching.load_patches(str(path.parent / "fix.py"))
     assert patching.check_applies(patches) is None

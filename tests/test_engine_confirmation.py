@@ -1,4 +1,4 @@
-"""Engine confirmations recorded in case files (`corpus confirm-engine`, `fuzz`/`minimize
+"""Engine confirmations recorded in case files (`corpus confirm-engine`, `mambafuzz`/`minimize
 --confirm-engine`), with the engine replaced by a fake: what is written where, that writes are
 atomic and repeatable, and that bad input is a one-line error.  The real engine path is in
 tests/test_engine_tier.py (marked `engine`)."""
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.cli.main import main
-from fuzz.engine_tier import confirmation
-from fuzz.model.inputs import decode_json_case
-from fuzz.store import corpus
+from mambafuzz.cli.main import main
+from mambafuzz.engine_tier import confirmation
+from mambafuzz.model.inputs import decode_json_case
+from mambafuzz.store import corpus
 from tests.conftest import first_chunk_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,7 +178,7 @@ def test_minimize_confirm_engine_records_on_the_minimized_file(tmp_path, fake, c
     rec = small["finding"][corpus.ENGINE_CONFIRMATION]
     assert fake.calls == ["prefix"] and rec["status"] == "skipped" and rec["split"] == "prefix"
     assert "[split prefix] engine: SKIPPED: fake skipped" in capsys.readouterr().out
-    from fuzz.checks.pipeline import evaluate  # the message describes the minimized scenario, not the input
+    from mambafuzz.checks.pipeline import evaluate  # the message describes the minimized scenario, not the input
 
     minimized = corpus.load_case(tmp_path / "big.min.json").scenario
     assert small["finding"]["message"] == evaluate(minimized, "prefix", efficiency=False).verdict.primary.message
@@ -189,7 +189,7 @@ def test_minimize_confirm_engine_records_on_the_minimized_file(tmp_path, fake, c
 
 def _fake_campaign(monkeypatch, tmp_path, interrupted: bool):
     """run_campaign replaced by one that files a finding and a flaky one, as the workers do."""
-    from fuzz.search import supervisor
+    from mambafuzz.search import supervisor
 
     findings = tmp_path / "findings"
     files = []
@@ -237,7 +237,7 @@ def _cpu_partial_hit():
     retention): r0 (401 tokens) publishes a partial-tail state@400; r1 and r2 (700 tokens,
     same 400-token prefix) are admitted with that unaligned 400-token hit, so their first chunk
     starts mid-block, the case the pre-fix realign gate mishandles with MTP."""
-    from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario
+    from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario
 
     return Scenario(
         engine=EngineConfig(mamba_block_size=256, attn_block_size=256, prefix_match_unit=16, max_num_batched_tokens=2048,
@@ -253,8 +253,8 @@ def test_cpu_partial_hit_is_clean_under_the_prefix_gates_in_the_harness_and_on_t
     """Without spec decode the pre-fix gates equal the fix: the last cacheable boundary is
     (num_tokens - 1) // block * block, so a block boundary past it is at or past the prompt's
     end and no chunk can cross it early.  The harness says clean, and the real engine agrees."""
-    from fuzz.engine_tier import engines
-    from fuzz.sim import harness, splits
+    from mambafuzz.engine_tier import engines
+    from mambafuzz.sim import harness, splits
 
     s = _cpu_partial_hit()
     assert engines.unsupported(s) is None

@@ -2,7 +2,7 @@
 and the runtime audit plugin.
 
 Tests marked `engine` start real engines (the first costs ~15 s of imports and start-up;
-later ones reuse the process-wide engine cache in fuzz.engine_tier.engines, one engine per
+later ones reuse the process-wide engine cache in mambafuzz.engine_tier.engines, one engine per
 config for the whole session).  Deselect them with `-m "not engine"`.  The unmarked tests
 here need no engine: skip reasons, the output comparison, the CLI's bad-input paths, and
 the audit plugin driven through the harness's scheduler.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario, validate
-from fuzz.model.scenario import loads as scenario_loads
+from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario, validate
+from mambafuzz.model.scenario import loads as scenario_loads
 
 SEEDS = sorted(glob.glob(str(Path(__file__).resolve().parent.parent / "corpus" / "seeds" / "*.json")))
 BLOCK = 256
@@ -51,8 +51,8 @@ POISON = Scenario(engine=_engine(max_num_batched_tokens=200), prefixes=[300], re
 
 
 def _supported_seeds() -> list[tuple[str, Scenario]]:
-    from fuzz.engine_tier import engines
-    from fuzz.store import corpus
+    from mambafuzz.engine_tier import engines
+    from mambafuzz.store import corpus
 
     out = []
     for path in SEEDS:
@@ -65,7 +65,7 @@ def _supported_seeds() -> list[tuple[str, Scenario]]:
 @pytest.fixture(scope="session")
 def engine_cache():
     """One engine per config for the whole session; shut down at the end."""
-    from fuzz.engine_tier import engines
+    from mambafuzz.engine_tier import engines
 
     engines.CACHE_CAPACITY = max(engines.CACHE_CAPACITY, 6)
     yield engines
@@ -75,7 +75,7 @@ def engine_cache():
 
 @pytest.fixture
 def audit():
-    from fuzz.engine_tier import audit_plugin
+    from mambafuzz.engine_tier import audit_plugin
 
     audit_plugin.install()
     yield audit_plugin
@@ -83,7 +83,7 @@ def audit():
 
 
 def test_built_scenarios_are_valid():
-    from fuzz.engine_tier import engines
+    from mambafuzz.engine_tier import engines
 
     for name, s in {**BUILT, "poison": POISON}.items():
         assert validate(s) == [], name
@@ -93,7 +93,7 @@ def test_built_scenarios_are_valid():
 # ---- no engine needed -------------------------------------------------------------------
 
 def test_unsupported_features_are_named():
-    from fuzz.engine_tier import engines
+    from mambafuzz.engine_tier import engines
 
     assert engines.min_block_size() == 134  # 68,608-byte GDN state page / 512 bytes of KV per token
     cases = {
@@ -116,9 +116,9 @@ MTP = Scenario(engine=_engine(spec_method="mtp", num_speculative_tokens=1), requ
 
 
 def test_spec_decode_in_align_mode_runs_with_the_triton_interpreter():
-    """The align pre-copy/post-copy kernels run in Triton's interpreter (fuzz.checks.triton_cpu), so MTP
+    """The align pre-copy/post-copy kernels run in Triton's interpreter (mambafuzz.sim.vllm_compat.triton_cpu), so MTP
     in align mode is no longer a skip reason; the uncached engine never needed it."""
-    from fuzz.engine_tier import engines
+    from mambafuzz.engine_tier import engines
 
     assert engines.interpreter_unavailable() is None
     assert engines.unsupported(MTP) is None
@@ -135,11 +135,11 @@ def test_interpreter_is_enabled_after_a_vllm_symbol_check_imported_the_kernel_mo
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-        from fuzz.sim.vllm_compat.resolve import check_all
+        from mambafuzz.sim.vllm_compat.resolve import check_all
         check_all()
         import vllm.v1.worker.mamba_utils as mu
         before = type(mu.precopy_mamba_align_fused_kernel).__name__
-        from fuzz.engine_tier import engines
+        from mambafuzz.engine_tier import engines
         print("RESULT", before, engines.interpreter_unavailable(), type(mu.precopy_mamba_align_fused_kernel).__name__)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
@@ -149,8 +149,8 @@ def test_interpreter_is_enabled_after_a_vllm_symbol_check_imported_the_kernel_mo
 
 
 def test_spec_decode_in_align_mode_is_skipped_without_the_interpreter(monkeypatch):
-    from fuzz.checks import triton_cpu
-    from fuzz.engine_tier import engines
+    from mambafuzz.engine_tier import engines
+    from mambafuzz.sim.vllm_compat import triton_cpu
 
     def refuse(reimport_stale: bool = False) -> None:
         raise triton_cpu.InterpreterUnavailable("imported before the Triton interpreter was enabled: ['x']")
@@ -165,7 +165,7 @@ def test_spec_decode_in_align_mode_is_skipped_without_the_interpreter(monkeypatc
 
 
 def test_engine_view_ties_attention_block_to_mamba_block():
-    from fuzz.engine_tier import engines
+    from mambafuzz.engine_tier import engines
 
     s = Scenario(engine=EngineConfig(mamba_block_size=512, attn_block_size=16), requests=[RequestSpec(unique_len=9)])
     view = engines.engine_view(s)
@@ -174,13 +174,13 @@ def test_engine_view_ties_attention_block_to_mamba_block():
 
 
 def _replay(tokens, lps, tops, aborted=()):
-    from fuzz.engine_tier.engine_repro import Replay
+    from mambafuzz.engine_tier.engine_repro import Replay
 
     return Replay(tokens={"r0": tokens}, logprobs={"r0": lps}, top={"r0": tops}, aborted=set(aborted))
 
 
 def test_compare_tells_near_ties_from_divergences():
-    from fuzz.engine_tier.engine_repro import compare
+    from mambafuzz.engine_tier.engine_repro import compare
 
     same = _replay([1, 2], [-1.0, -0.5], [[(1, -1.0), (9, -3.0)], [(2, -0.5), (9, -3.0)]])
     assert compare(same, same) == (None, [])
@@ -199,7 +199,7 @@ def test_compare_tells_near_ties_from_divergences():
 
 
 def _cli(argv: list[str]) -> int:
-    from fuzz.engine_tier.cli import add_engine_commands
+    from mambafuzz.cli.engine_repro import add_engine_commands
 
     parser = argparse.ArgumentParser(prog="mambafuzz")
     add_engine_commands(parser.add_subparsers(dest="command"))
@@ -228,8 +228,8 @@ def test_cli_skips_without_starting_an_engine(capsys):
 def _harness_poisoned(trace) -> int:
     """Poisoned entries over all mamba groups: the oracle watches the first group, and the
     other groups (same spec, same requests) publish the same states under their own keys."""
-    from fuzz.checks.oracle import slot_hash_poisoned
-    from fuzz.model.scenario import MAMBA_GROUPS
+    from mambafuzz.checks.oracle import slot_hash_poisoned
+    from mambafuzz.model.scenario import MAMBA_GROUPS
 
     return MAMBA_GROUPS * sum(1 for st in trace.steps for c in st.cache if c.new and slot_hash_poisoned(c))
 
@@ -237,8 +237,8 @@ def _harness_poisoned(trace) -> int:
 def test_audit_counts_what_the_harness_oracle_counts(audit):
     """On the harness's scheduler (no engine): the plugin's count of poisoned mamba entries,
     from the scheduler side alone, equals the oracle's count from the kernel model."""
-    from fuzz.sim import harness, splits
-    from fuzz.store import corpus
+    from mambafuzz.sim import harness, splits
+    from mambafuzz.store import corpus
 
     root = Path(__file__).resolve().parent.parent / "corpus"
     cases = sorted(str(p) for d in ("seeds", "regressions", "upstream") for p in (root / d).rglob("*.json"))
@@ -256,7 +256,7 @@ def test_audit_counts_what_the_harness_oracle_counts(audit):
 
 
 def test_audit_counts_a_poisoning_split_without_spec_decode(audit):
-    from fuzz.sim import harness
+    from mambafuzz.sim import harness
 
     trace = harness.run(POISON, naive_split, "naive")
     bad = audit.RECENT[-1].poisoned
@@ -273,7 +273,7 @@ def test_audit_counter_exported_when_stats_are_on(audit, monkeypatch):
     import types
 
     prometheus_client = pytest.importorskip("prometheus_client")
-    from fuzz.sim import harness
+    from mambafuzz.sim import harness
 
     monkeypatch.setattr(audit, "_COUNTER", None)
     audit._maybe_counter(types.SimpleNamespace(log_stats=True))
@@ -284,7 +284,7 @@ def test_audit_counter_exported_when_stats_are_on(audit, monkeypatch):
 
 
 def test_audit_is_off_unless_enabled(monkeypatch):
-    from fuzz.engine_tier import audit_plugin
+    from mambafuzz.engine_tier import audit_plugin
 
     monkeypatch.delenv(audit_plugin.ENV_ENABLE, raising=False)
     audit_plugin.register()
@@ -298,7 +298,7 @@ def test_outputs_depend_on_early_context(engine_cache):
     """Changing only the first 32 of 600 prompt tokens changes what the model generates."""
     import dataclasses
 
-    from fuzz.engine_tier.engine_repro import LOGPROB_TOL, replay
+    from mambafuzz.engine_tier.engine_repro import LOGPROB_TOL, replay
 
     s = Scenario(engine=_engine(), requests=[RequestSpec(unique_len=600, max_tokens=6)], token_seed=11)
     handle = engine_cache.get_engine(engine_cache.EngineSpec.for_scenario(s, False))
@@ -320,7 +320,7 @@ def test_outputs_depend_on_early_context(engine_cache):
 @pytest.mark.engine
 @pytest.mark.parametrize("name", list(BUILT))
 def test_cached_and_uncached_agree_and_schedule_matches_harness(engine_cache, name):
-    from fuzz.engine_tier.engine_repro import confirm
+    from mambafuzz.engine_tier.engine_repro import confirm
 
     r = confirm(BUILT[name], "fixed")
     assert r["status"] == "agreed", r["reason"]
@@ -329,7 +329,7 @@ def test_cached_and_uncached_agree_and_schedule_matches_harness(engine_cache, na
 
 @pytest.mark.engine
 def test_supported_seeds_agree(engine_cache):
-    from fuzz.engine_tier.engine_repro import confirm
+    from mambafuzz.engine_tier.engine_repro import confirm
 
     for name, s in _supported_seeds():  # none today: every seed uses a block below 134 or a GPU feature
         r = confirm(s, "fixed")
@@ -342,7 +342,7 @@ def test_supported_seeds_agree(engine_cache):
 def test_prefix_gates_schedule_like_the_harness(engine_cache, split):
     """Without spec decode the pre-fix gates cannot poison (their unaligned chunks all end
     past the last cacheable boundary), but they must still be installed and scheduled alike."""
-    from fuzz.engine_tier.engine_repro import confirm
+    from mambafuzz.engine_tier.engine_repro import confirm
 
     for name in ("concurrent_prefills", "shared_prefix_hits"):
         r = confirm(BUILT[name], split)
@@ -352,7 +352,7 @@ def test_prefix_gates_schedule_like_the_harness(engine_cache, split):
 
 @pytest.mark.engine
 def test_poisoning_split_diverges_on_the_real_model(engine_cache):
-    from fuzz.engine_tier.engine_repro import confirm
+    from mambafuzz.engine_tier.engine_repro import confirm
 
     assert confirm(POISON, "fixed")["status"] == "agreed"
     r = confirm(POISON, naive_split)
@@ -365,7 +365,7 @@ def test_poisoning_split_diverges_on_the_real_model(engine_cache):
 def test_audit_on_the_engine(engine_cache, audit):
     """The plugin inside the engine's own scheduler: nothing on the fixed split, one poisoned
     entry per mamba KV-cache group (qwen3_next gets 3) for the poisoning split."""
-    from fuzz.engine_tier.engine_repro import replay
+    from mambafuzz.engine_tier.engine_repro import replay
 
     for name in ("shared_prefix_hits", "concurrent_prefills"):
         handle = engine_cache.get_engine(engine_cache.EngineSpec.for_scenario(BUILT[name], True))
@@ -381,7 +381,7 @@ def test_audit_on_the_engine(engine_cache, audit):
 
 @pytest.mark.engine
 def test_engine_crash_is_reported(engine_cache):
-    from fuzz.engine_tier.engine_repro import confirm
+    from mambafuzz.engine_tier.engine_repro import confirm
 
     def overshoot(self, request, num_new_tokens, *args):
         return num_new_tokens + 50
@@ -403,8 +403,8 @@ def test_pre_fix_split_gives_different_tokens_on_the_real_engine_with_mtp(engine
     equal the harness's.  Only the two align kernels with no C++ override are interpreted."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from fuzz.engine_tier.engine_repro import confirm
-    from fuzz.store import corpus
+    from mambafuzz.engine_tier.engine_repro import confirm
+    from mambafuzz.store import corpus
 
     interpreted: set[str] = set()
     run = InterpretedFunction.run
@@ -441,9 +441,9 @@ def test_align_mode_mtp_stops_at_the_precopy_kernel_without_the_interpreter():
         import os, sys, traceback
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-        from fuzz.engine_tier import engines
-        from fuzz.engine_tier.tiny_model import ensure_model
-        from fuzz.sim.vllm_compat.api import EngineArgs, LLMEngine, SamplingParams
+        from mambafuzz.engine_tier import engines
+        from mambafuzz.engine_tier.tiny_model import ensure_model
+        from mambafuzz.sim.vllm_compat.api import EngineArgs, LLMEngine, SamplingParams
         from tests.test_engine_tier import MTP
         spec = engines.EngineSpec.for_scenario(MTP, True)
         engine = LLMEngine.from_engine_args(EngineArgs(**spec.engine_args(str(ensure_model()))))
@@ -472,8 +472,8 @@ def test_uncached_only_crash_with_mtp_is_confirmed_on_the_uncached_engine(engine
     but this finding is the harness's uncached run crashing: the uncached engine (MTP drafter from
     the tiny model's mtp.* weights) alone hits the same scheduler assertion (pad_spec_decode
     clipped by long_prefill_token_threshold)."""
-    from fuzz.engine_tier.engine_repro import confirm
-    from fuzz.store import corpus
+    from mambafuzz.engine_tier.engine_repro import confirm
+    from mambafuzz.store import corpus
 
     s = corpus.load_case(str(SPEC_PAD)).scenario
     r = confirm(s, "fixed")
@@ -512,8 +512,8 @@ def test_audit_loads_through_the_documented_switch_in_a_fresh_engine_process():
     script = textwrap.dedent(f"""
         import json, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-        from fuzz.engine_tier import engines, audit_plugin
-        from fuzz.engine_tier.engine_repro import replay
+        from mambafuzz.engine_tier import engines, audit_plugin
+        from mambafuzz.engine_tier.engine_repro import replay
         from tests.test_engine_tier import BUILT, POISON, naive_split
         out = {{}}
         for name, s, split in (("fixed", BUILT["shared_prefix_hits"], None), ("naive", POISON, naive_split)):
@@ -543,7 +543,7 @@ def test_audit_loads_through_the_documented_switch_in_a_fresh_engine_process():
 def test_a_cpu_engine_runs_vllms_async_scheduler_with_its_batch_queue(engine_cache):
     """With async scheduling asked for, the CPU engine keeps it (the CPU platform would turn it
     off) and its engine core steps vLLM's AsyncScheduler through step_with_batch_queue."""
-    from fuzz.store import corpus
+    from mambafuzz.store import corpus
 
     s = corpus.load_case(next(p for p in SEEDS if p.endswith("/engine_async_concurrent_prefills.json"))).scenario
     spec = engine_cache.EngineSpec.for_scenario(s, True)

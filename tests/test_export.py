@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.store import corpus, export
+from mambafuzz.store import corpus
+from mambafuzz.upstream import export
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / "corpus" / "upstream"
@@ -32,7 +33,7 @@ def test_committed_export_is_current_and_imports_no_mambafuzz(path):
     case = corpus.load_case(path)
     source = export.test_source(case, export._analysis(export.fix_dir(case))[0])
     assert exported(path).read_text() == source, f"re-run: mambafuzz export-test {path} -o {exported(path)}"
-    assert "import fuzz" not in source and "from fuzz" not in source
+    assert "import mambafuzz" not in source and "from fuzz" not in source
 
 
 @pytest.mark.parametrize("path", ASYNC_ONLY, ids=lambda p: p.stem)
@@ -47,7 +48,7 @@ def _pytest(files: list[Path], fix: Path | None) -> subprocess.CompletedProcess:
            "-o", "addopts=", *map(str, files)]
     if fix is not None:
         env["MAMBAFUZZ_PATCHES"] = str(fix)
-        cmd[3:3] = ["-p", "fuzz.store.fix_plugin"]
+        cmd[3:3] = ["-p", "mambafuzz.upstream.fix_plugin"]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -94,7 +95,7 @@ def test_vllm_style_export_is_short_marked_and_imports_no_mambafuzz(path):
     source = export.vllm_test_source(corpus.load_case(path), "T")
     assert len(source.splitlines()) <= 60 + (HYBRID_HELPER_LINES if "def hybrid_scheduler(" in source else 0)
     assert "pytestmark = pytest.mark.cpu_test" in source
-    assert "import fuzz" not in source and "from fuzz" not in source
+    assert "import mambafuzz" not in source and "from fuzz" not in source
 
 
 @pytest.mark.parametrize("path", sorted(set(CASES) - set(VLLM_CASES)), ids=lambda p: p.stem)
@@ -128,7 +129,7 @@ def _pytest_in(tree: Path, files: list[Path], fix: Path | None) -> subprocess.Co
            "-o", "addopts=", "-W", "ignore::pytest.PytestUnknownMarkWarning", *map(str, files)]
     if fix is not None:
         env["MAMBAFUZZ_PATCHES"] = str(fix)
-        cmd[3:3] = ["-p", "fuzz.store.fix_plugin"]
+        cmd[3:3] = ["-p", "mambafuzz.upstream.fix_plugin"]
     return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=900)
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.cli.main import main
-from fuzz.model.generate import random_scenario
+from mambafuzz.cli.main import main
+from mambafuzz.model.generate import random_scenario
 from tests.conftest import first_chunk_scenario
 
 
 def mambafuzz(*args, cwd, timeout=240):
-    return subprocess.run([sys.executable, "-m", "fuzz.cli.main", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "mambafuzz.cli.main", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -102,7 +102,7 @@ def test_corpus_add_regression_and_stats(tmp_path, capsys):
 def test_default_input_dirs_are_found_from_any_working_directory(tmp_path, monkeypatch, capsys):
     """`--known`/`--seeds` defaults name project directories: from elsewhere they resolve in the
     checkout (else a warning says what is lost); a directory named explicitly must exist."""
-    from fuzz.cli import fuzzing as cli_fuzz
+    from mambafuzz.cli import fuzzing as cli_fuzz
 
     monkeypatch.chdir(tmp_path)
     got = cli_fuzz._input_dirs(cli_fuzz.DEFAULT_KNOWN, cli_fuzz.DEFAULT_KNOWN, "--known", "lost")
@@ -141,7 +141,7 @@ def _stand_in(*lines: str, then: str = "") -> list[str]:
 
 
 def _config(tmp_path, **kw):
-    from fuzz.search import supervisor
+    from mambafuzz.search import supervisor
 
     base = dict(generator="random", split="prefix", max_time=300, runs=0, jobs=2, seed=1, corpus=tmp_path / "c",
                 seed_dirs=[], findings=tmp_path / "f", known_dirs=[], stop_on_first=True, minimize_budget=1,
@@ -154,8 +154,8 @@ def test_stop_on_first_stops_every_job(tmp_path, monkeypatch):
     """With --stop-on-first, the other jobs stop once one files a finding (before, they ran on to
     --max-time).  Stand-in workers: one reports a finding and exits, one would sleep for minutes
     with SIGINT ignored, as a job started by a shell without job control has it."""
-    from fuzz.search import supervisor
-    from fuzz.search.worker_protocol import WorkerConfig
+    from mambafuzz.search import supervisor
+    from mambafuzz.search.worker_protocol import WorkerConfig
 
     started = '@@event {"event":"started","pid":1}'
     finder = _stand_in(started, '@@event {"event":"progress","pid":1,"execs":3}',
@@ -174,8 +174,8 @@ def test_stop_on_first_stops_every_job(tmp_path, monkeypatch):
 def test_a_campaign_that_ran_nothing_or_lost_a_worker_is_a_problem(tmp_path, monkeypatch):
     """Workers that never start, say they cannot run, or die are each named; no execution at all
     is named too.  (Before, such a campaign printed "0 executions" and passed.)"""
-    from fuzz.search import supervisor
-    from fuzz.search.worker_protocol import WorkerConfig
+    from mambafuzz.search import supervisor
+    from mambafuzz.search.worker_protocol import WorkerConfig
 
     cases = {
         "silent": (_stand_in("no vllm here", then="exit(0)"), ["exited 0 before it started: no vllm here",
@@ -199,8 +199,8 @@ def test_a_campaign_that_ran_nothing_or_lost_a_worker_is_a_problem(tmp_path, mon
 def test_tool_failures_on_single_inputs_are_counted_and_the_campaign_goes_on(tmp_path, monkeypatch, capsys):
     """A worker that failed on some inputs and went on: the campaign counts them, names where the
     inputs are kept, and `mambafuzz fuzz` still exits 3 (a tool failure, not a clean result)."""
-    from fuzz.search import supervisor
-    from fuzz.search.worker_protocol import WorkerConfig
+    from mambafuzz.search import supervisor
+    from mambafuzz.search.worker_protocol import WorkerConfig
 
     worker = _stand_in('@@event {"event":"started","pid":1}',
                        '@@event {"event":"tool_error","pid":1,"message":"IndexError: x (input kept: k.json)"}',
@@ -218,8 +218,8 @@ def test_tool_failures_on_single_inputs_are_counted_and_the_campaign_goes_on(tmp
 
 def test_a_pre_existing_finding_is_reported_and_is_not_new(tmp_path, monkeypatch):
     """PR mode: a finding the base shows too is listed apart and does not make the campaign fail."""
-    from fuzz.search import supervisor
-    from fuzz.search.worker_protocol import WorkerConfig
+    from mambafuzz.search import supervisor
+    from mambafuzz.search.worker_protocol import WorkerConfig
 
     worker = _stand_in('@@event {"event":"started","pid":1}',
                        '@@event {"event":"finding","pid":1,"signature":"stall:x","path":"p.json","pre_existing":true}',
@@ -252,7 +252,7 @@ def test_workers_run_under_mambafuzz_own_interpreter_whatever_python3_is_first_o
     so with a vLLM-less python3 first on PATH it fuzzed nothing and the campaign exited 0."""
     pytest.importorskip("atheris")
     env = dict(os.environ, PATH=f"{_python3_without_vllm(tmp_path)}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.run([sys.executable, "-m", "fuzz.cli.main", "fuzz", "--generator", "atheris", "--runs", "30",
+    proc = subprocess.run([sys.executable, "-m", "mambafuzz.cli.main", "fuzz", "--generator", "atheris", "--runs", "30",
                            "--max-time", "200", "--corpus", str(tmp_path / "c"), "--seeds", "--known",
                            "--findings", str(tmp_path / "f")], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=400)
@@ -267,7 +267,7 @@ def test_a_worker_that_cannot_import_vllm_fails_the_campaign_in_one_line(tmp_pat
     fake = tmp_path / "fake"
     (fake / "vllm").mkdir(parents=True)
     (fake / "vllm" / "__init__.py").write_text("raise ImportError('simulated: this vLLM cannot be imported')\n")
-    from fuzz.search import supervisor
+    from mambafuzz.search import supervisor
 
     for generator in ("random", "atheris"):
         if generator == "atheris":
@@ -288,7 +288,7 @@ def test_a_worker_that_cannot_import_vllm_fails_the_campaign_in_one_line(tmp_pat
 
 
 def test_cmd_fuzz_exits_3_with_one_line_per_problem(tmp_path, monkeypatch, capsys):
-    from fuzz.search import supervisor
+    from mambafuzz.search import supervisor
 
     def run_campaign(cfg):
         return supervisor.CampaignResult([], 0, 1.0, None, None, False, [3], None, ["ImportError: x"],

@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from fuzz.cli import ci_report
-from fuzz.store import grouping
-from fuzz.store.corpus import PRE_EXISTING, atomic_write, case_json
+from mambafuzz.cli import ci_report
+from mambafuzz.store import grouping
+from mambafuzz.store.corpus import PRE_EXISTING, atomic_write, case_json
 from tests.conftest import first_chunk_scenario
 
 

@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from fuzz.checks.pipeline import evaluate
-from fuzz.sim import harness, splits
+from mambafuzz.checks.pipeline import evaluate
+from mambafuzz.sim import harness, splits
 from tests.conftest import first_chunk_scenario, shared_prefix_scenario
 
 
@@ -76,12 +76,12 @@ def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
     their block that step: a block overwritten after publication shows up again, poisoned."""
     from types import SimpleNamespace
 
-    from fuzz.checks.block_audit import BlockAuditor
-    from fuzz.sim.harness import _Runner
-    from fuzz.sim.hash_book import HashBook
-    from fuzz.sim.kernel_model import KernelGeometry, KernelModel
-    from fuzz.sim.state import PrefixStates
-    from fuzz.sim.trace import StepRecord, Trace
+    from mambafuzz.sim.cache_audit import BlockAuditor
+    from mambafuzz.sim.harness import _Runner
+    from mambafuzz.sim.hash_book import HashBook
+    from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
+    from mambafuzz.sim.state import PrefixStates
+    from mambafuzz.sim.trace import StepRecord, Trace
 
     truth = PrefixStates(list(range(1, 20)))
     key = b"h" * 32 + bytes(4)  # a block hash plus the 4-byte group id vLLM appends
@@ -122,8 +122,8 @@ def test_the_cache_audit_between_key_changes_records_what_a_full_scan_every_step
     bridge counts vLLM's inserts and pops); forced to rescan every step, the traces are equal."""
     import random
 
-    from fuzz.model.generate import random_scenario
-    from fuzz.sim import vllm_bridge
+    from mambafuzz.model.generate import random_scenario
+    from mambafuzz.sim import vllm_bridge
 
     rng = random.Random(11)
     scenarios = [random_scenario(rng) for _ in range(40)]
@@ -143,7 +143,7 @@ def test_a_cache_change_the_counter_misses_is_a_tool_failure_not_a_clean_run(mon
     the incremental audit would miss entries; the end-of-run check turns that into a HarnessError."""
     import pytest
 
-    from fuzz.sim import vllm_bridge
+    from mambafuzz.sim import vllm_bridge
 
     monkeypatch.setattr(vllm_bridge.SchedulerSession, "cache_keys_version", lambda self: 0)
     with pytest.raises(harness.HarnessError, match="cache_keys_version"):
@@ -155,9 +155,9 @@ def test_an_exception_of_the_harness_itself_is_a_tool_error_not_a_vllm_crash(mon
     `vllm_crash:...@outside-vllm` (the mutation score counted one such "kill")."""
     import pytest
 
-    from fuzz.exit_codes import ToolError
-    from fuzz.sim import harness
-    from fuzz.sim.kernel_model import KernelModel
+    from mambafuzz.exit_codes import ToolError
+    from mambafuzz.sim import harness
+    from mambafuzz.sim.kernel_model import KernelModel
 
     def broken(self, *args, **kwargs):
         raise IndexError("simulated harness bug")
@@ -171,9 +171,9 @@ def test_an_exception_of_the_harness_itself_is_a_tool_error_not_a_vllm_crash(mon
 def test_a_worker_keeps_the_input_counts_a_tool_error_and_goes_on(monkeypatch, tmp_path, capsys):
     """A buggy vLLM must never end a campaign: a tool failure on one input is kept and counted,
     and the worker runs the next input (it used to exit 3 and fuzz nothing more)."""
-    from fuzz.search import target_runtime
-    from fuzz.search.worker_protocol import WorkerConfig, parse_event
-    from fuzz.sim.kernel_model import KernelModel
+    from mambafuzz.search import target_runtime
+    from mambafuzz.search.worker_protocol import WorkerConfig, parse_event
+    from mambafuzz.sim.kernel_model import KernelModel
 
     rt = target_runtime.Runtime(WorkerConfig(findings=str(tmp_path / "f"), generator="random"))
     with monkeypatch.context() as m:
@@ -195,7 +195,7 @@ def test_each_rule_of_vllms_row_contract_is_checked_by_name_before_the_harness_u
     ours: a negative count, drafts with no token to verify them, a table without the state block."""
     import pytest
 
-    from fuzz.sim import harness
+    from mambafuzz.sim import harness
 
     block = 16
     broken = [  # (start, tokens, drafts, request tokens, table, block size), the rule it breaks

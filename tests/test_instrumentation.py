@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.search.instrumentation import COVERAGE_MODULES, under
+from mambafuzz.search.instrumentation import COVERAGE_MODULES, under
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -16,7 +16,7 @@ def test_under_matches_whole_module_names_only():
     assert under("vllm.v1.kv_cache_interface", COVERAGE_MODULES)
     assert not under("vllm.v1.kv_cache_interface_extra", COVERAGE_MODULES)
     assert not under("vllm.config.model", COVERAGE_MODULES)  # atheris' own include would take all of vllm
-    assert not under("fuzz.checks.oracle", COVERAGE_MODULES)
+    assert not under("mambafuzz.checks.oracle", COVERAGE_MODULES)
 
 
 def test_only_the_named_modules_get_instrumented():
@@ -24,15 +24,15 @@ def test_only_the_named_modules_get_instrumented():
     script = f"""
 import sys, types
 sys.path.insert(0, {str(ROOT)!r})
-from fuzz.search.target_runtime import Runtime  # everything the target imports
-from fuzz.search.instrumentation import COVERAGE_MODULES, instrument_modules
-import fuzz.checks.oracle, fuzz.model.generate, vllm.config
+from mambafuzz.search.target_runtime import Runtime  # everything the target imports
+from mambafuzz.search.instrumentation import COVERAGE_MODULES, instrument_modules
+import mambafuzz.checks.oracle, mambafuzz.model.generate, vllm.config
 from vllm.v1.core.sched.scheduler import Scheduler
 n = instrument_modules(COVERAGE_MODULES)
 marked = lambda f: "__ATHERIS_INSTRUMENTED__" in f.__code__.co_consts
 assert n > 100, n
-assert marked(Scheduler.schedule) and marked(fuzz.model.generate.draw_scenario)
-assert not marked(fuzz.checks.oracle.judge) and not marked(vllm.config.VllmConfig.__post_init__)
+assert marked(Scheduler.schedule) and marked(mambafuzz.model.generate.draw_scenario)
+assert not marked(mambafuzz.checks.oracle.judge) and not marked(vllm.config.VllmConfig.__post_init__)
 print("ok", n)
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
@@ -41,15 +41,15 @@ print("ok", n)
 
 
 def test_the_conform_target_also_rewards_the_kernel_model_and_the_conformance_tier():
-    from fuzz.search.instrumentation import TARGET_MODULES
+    from mambafuzz.search.instrumentation import TARGET_MODULES
 
     scheduler, conform = TARGET_MODULES["scheduler"], TARGET_MODULES["conform"]
-    for module in ("fuzz.sim.kernel_model", "fuzz.sim.runners", "fuzz.sim.mixers", "fuzz.checks.conform_check", "fuzz.checks.conform_vllm",
-                   "fuzz.checks.conform_v2", "fuzz.checks.conform_drive"):
+    for module in ("mambafuzz.sim.kernel_model", "mambafuzz.sim.runners", "mambafuzz.sim.mixers", "mambafuzz.conform.compare", "mambafuzz.conform.v1",
+                   "mambafuzz.conform.v2", "mambafuzz.conform.drive"):
         assert under(module, conform) and not under(module, scheduler), module
     assert under("vllm.v1.core.sched.scheduler", conform)
     # vLLM's worker modules stay out: their Triton kernels run in Triton's interpreter as written
-    assert not under("vllm.v1.worker.mamba_utils", conform) and not under("fuzz.checks.oracle", conform)
+    assert not under("vllm.v1.worker.mamba_utils", conform) and not under("mambafuzz.checks.oracle", conform)
 
 
 def test_instrumenting_the_conform_target_marks_its_modules_only():
@@ -57,18 +57,18 @@ def test_instrumenting_the_conform_target_marks_its_modules_only():
     script = f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})
-from fuzz.search.target_runtime import Runtime  # what the target imports first
-from fuzz.search.instrumentation import instrument_target
+from mambafuzz.search.target_runtime import Runtime  # what the target imports first
+from mambafuzz.search.instrumentation import instrument_target
 n = instrument_target("conform")
-import fuzz.checks.oracle
-from fuzz.checks import conform_check, conform_vllm
-from fuzz.sim.kernel_model import KernelModel
+import mambafuzz.checks.oracle
+from mambafuzz.conform import compare as conform_check, v1 as conform_vllm
+from mambafuzz.sim.kernel_model import KernelModel
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.worker import mamba_utils
 marked = lambda f: "__ATHERIS_INSTRUMENTED__" in f.__code__.co_consts
 assert marked(KernelModel.run_row) and marked(conform_check.compare_steps) and marked(Scheduler.schedule)
 assert marked(conform_vllm.V1Worker.step)
-assert not marked(fuzz.checks.oracle.judge) and not marked(mamba_utils.preprocess_mamba)
+assert not marked(mambafuzz.checks.oracle.judge) and not marked(mamba_utils.preprocess_mamba)
 print("ok", n)
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,

@@ -1,4 +1,4 @@
-"""Each engine knob is declared once (fuzz.model.scenario.Knob); validation, the generator, the
+"""Each engine knob is declared once (mambafuzz.model.scenario.Knob); validation, the generator, the
 minimizer, the config cache key and the prefix-caching-off twin follow the declaration.  These
 tests walk every declared knob, so a new one is checked without a new test."""
 
@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from fuzz.model import generate
-from fuzz.model.scenario import KEEP, EngineConfig, Knob, RequestSpec, Scenario, knobs, validate
-from fuzz.search import minimizer
-from fuzz.sim.vllm_bridge import _engine_key
+from mambafuzz.model import generate
+from mambafuzz.model.scenario import KEEP, EngineConfig, Knob, RequestSpec, Scenario, knobs, validate
+from mambafuzz.search import minimizer
+from mambafuzz.sim.vllm_bridge import _engine_key
 
 KNOBS = knobs()
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.search import mutants
-from fuzz.sim import patching
-from fuzz.store import corpus
+from mambafuzz.search import mutants
+from mambafuzz.sim import patching
+from mambafuzz.store import corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = ROOT / "corpus" / "seeds"
@@ -38,9 +38,9 @@ def test_a_row_scheduled_past_its_tokens_is_a_finding_not_a_tool_failure():
     """Without the rollback of rejected drafts vLLM schedules a row past its request's tokens; no
     worker can run that, so it is filed (located at the scheduler's output) instead of stopping
     the campaign as a harness failure."""
-    from fuzz.checks.pipeline import evaluate
-    from fuzz.search import mutants
-    from fuzz.store import corpus
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.search import mutants
+    from mambafuzz.store import corpus
 
     case = corpus.load_case(Path(__file__).parent / "data" / "spec_no_rollback_schedules_past_tokens.json")
     with_bug = evaluate(case.scenario, "fixed", efficiency=False, patches=mutants.patches("spec_no_rollback")).verdict
@@ -53,7 +53,7 @@ def test_a_row_of_drafts_alone_is_a_contract_finding_not_a_tool_failure():
     """Half a rollback of rejected drafts leaves a request computed up to its last token, and vLLM
     schedules a row of drafts with no token of its own to verify them: the harness used to index
     past the row's outputs (IndexError in `_accept`, a tool failure that stopped the worker)."""
-    from fuzz.checks.pipeline import evaluate
+    from mambafuzz.checks.pipeline import evaluate
 
     case = corpus.load_case(Path(__file__).parent / "data" / "spec_half_rollback_drafts_without_a_token.json")
     with_bug = evaluate(case.scenario, "fixed", efficiency=False, patches=mutants.patches("spec_half_rollback")).verdict

@@ -1,4 +1,4 @@
-"""Generated mutants (fuzz.search.mutation_tool): made from the installed vLLM, applied and
+"""Generated mutants (mambafuzz.tools.mutation): made from the installed vLLM, applied and
 restored in one process, planted in a fresh process by MAMBAFUZZ_MUTANT, and a kill is
 confirmed only by a scenario that fails with the mutant and is clean without it."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.search import mutants
-from fuzz.search import mutation_tool as mt
-from fuzz.sim import patching
-from fuzz.store import corpus
+from mambafuzz.search import mutants
+from mambafuzz.sim import patching
+from mambafuzz.store import corpus
+from mambafuzz.tools import mutation as mt
 
 ROOT = Path(__file__).resolve().parent.parent
 SPLIT = "mm:Scheduler._mamba_block_aligned_split"
@@ -93,8 +93,8 @@ def test_a_bad_mutant_id_is_one_line(bad):
 def test_mambafuzz_mutant_plants_a_generated_mutant_in_a_fresh_process():
     """What a fuzz worker does at start-up: importing the bridge plants MAMBAFUZZ_MUTANT."""
     m = split_mutant("- return max(end - start, 0) | + return max(end + start, 0)")
-    code = ("import fuzz.sim.vllm_bridge\n"
-            "from fuzz.search import mutation_tool as mt\n"
+    code = ("import mambafuzz.sim.vllm_bridge\n"
+            "from mambafuzz.tools import mutation as mt\n"
             "from vllm.v1.core.sched.scheduler import Scheduler\n"
             f"mutant = mt.compile_mutant(mt.find({m.id!r}))\n"
             "print(Scheduler._mamba_block_aligned_split.__code__.co_code == mutant.__code__.co_code)\n")

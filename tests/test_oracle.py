@@ -1,9 +1,7 @@
 """Each oracle check fires on a trace built to violate it and stays silent on a clean one."""
 
-from fuzz.checks import oracle
-from fuzz.sim.state import EMPTY, PrefixStates
-from fuzz.sim.trace import CacheEntry, Chunk, Crash, SlotWrite, StepRecord, Trace
-from fuzz.store.findings import (
+from mambafuzz.checks import oracle
+from mambafuzz.findings import (
     Inefficiency,
     NocacheStaleRead,
     OutputDivergence,
@@ -14,6 +12,8 @@ from fuzz.store.findings import (
     UninitRead,
     VllmCrash,
 )
+from mambafuzz.sim.state import EMPTY, PrefixStates
+from mambafuzz.sim.trace import CacheEntry, Chunk, Crash, SlotWrite, StepRecord, Trace
 
 TOKENS = list(range(1, 40))
 TRUTH = PrefixStates(TOKENS)
@@ -171,7 +171,7 @@ def test_the_first_row_after_v1_reset_an_accepted_count_is_the_runners_doing():
 def _poisoned_by(stop_tokens: int, budget: int, threshold: int, admission_hit: int):
     """A slot published as state@16 holding state@10, written at the end of a chunk 0..10 of r0
     (prompt 30); what ended that chunk and how r0 was admitted are the parameters."""
-    from fuzz.sim.trace import Admission
+    from mambafuzz.sim.trace import Admission
 
     t = Trace(split="fixed", prefix_caching=True, step_bound=50, mamba_block_size=16, prompt_lens={"r0": 30},
               token_budget=budget, long_prefill_threshold=threshold)

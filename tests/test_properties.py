@@ -1,4 +1,4 @@
-"""Hypothesis properties over the shared input model (`fuzz.model.generate.scenarios`).
+"""Hypothesis properties over the shared input model (`mambafuzz.model.generate.scenarios`).
 
 Profiles: `ci` (default, small and bounded) and `long`; choose with HYPOTHESIS_PROFILE=long.
 """
@@ -9,12 +9,12 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz.checks import attribution
-from fuzz.checks.pipeline import evaluate
-from fuzz.model.generate import scenario_from_bytes, scenarios
-from fuzz.model.scenario import ScenarioError, loads, validate
-from fuzz.sim import harness, splits
-from fuzz.store.finding_store import known_signatures
+from mambafuzz.checks import attribution
+from mambafuzz.checks.pipeline import evaluate
+from mambafuzz.model.generate import scenario_from_bytes, scenarios
+from mambafuzz.model.scenario import ScenarioError, loads, validate
+from mambafuzz.sim import harness, splits
+from mambafuzz.store.finding_store import known_signatures
 
 # `ci` is derandomized: the same 25 examples every run, so the suite cannot flake.
 settings.register_profile("ci", max_examples=25, deadline=None, database=None, derandomize=True,
@@ -53,7 +53,7 @@ def test_installed_vllm_keeps_the_invariant(s):
         return
     if v.clean:
         return
-    # Triaged means explained by a known upstream fix (fuzz.checks.attribution), not just a look-alike signature.
+    # Triaged means explained by a known upstream fix (mambafuzz.checks.attribution), not just a look-alike signature.
     att = attribution.attribute(s, "fixed", v.primary.signature, KNOWN_UPSTREAM.bugs)
     assert not att.is_new, f"{v.primary.message} ({att.reason})\n{s.dumps()}"
 

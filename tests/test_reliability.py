@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fuzz.model.generate import random_scenario
-from fuzz.model.inputs import decode_input, iter_input_files
-from fuzz.model.scenario import validate
-from fuzz.search.worker_protocol import parse_event
-from fuzz.sim import harness
-from fuzz.store.corpus import CaseError, WalkStats, atomic_write, iter_cases, parse_case
-from fuzz.store.report import trace_digest
+from mambafuzz.model.generate import random_scenario
+from mambafuzz.model.inputs import decode_input, iter_input_files
+from mambafuzz.model.scenario import validate
+from mambafuzz.search.worker_protocol import parse_event
+from mambafuzz.sim import harness
+from mambafuzz.store.corpus import CaseError, WalkStats, atomic_write, iter_cases, parse_case
+from mambafuzz.store.report import trace_digest
 from tests.conftest import first_chunk_scenario, shared_prefix_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _digest_in_subprocess(path: Path, hashseed: str) -> str:
     env = dict(os.environ, PYTHONHASHSEED=hashseed)
-    proc = subprocess.run([sys.executable, "-m", "fuzz.cli.main", "repro", str(path), "--split", "prefix", "--digest",
+    proc = subprocess.run([sys.executable, "-m", "mambafuzz.cli.main", "repro", str(path), "--split", "prefix", "--digest",
                            "--json"], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     return json.loads(proc.stdout)["digest"]
 
@@ -43,7 +43,7 @@ def test_same_trace_in_separate_processes_under_different_hash_seeds(tmp_path):
     path.write_text(s.dumps())
     digests = {_digest_in_subprocess(path, seed) for seed in ("0", "1", "12345")}
     assert len(digests) == 1
-    assert digests == {trace_digest(harness.run(s, __import__("fuzz.sim.splits").sim.splits.prefix_split, "prefix"))}
+    assert digests == {trace_digest(harness.run(s, __import__("mambafuzz.sim.splits").sim.splits.prefix_split, "prefix"))}
 
 
 def test_repeated_runs_in_one_process_are_identical_after_other_work():
@@ -72,8 +72,8 @@ def _fork_worker(target, *args) -> tuple[int, int]:
 
 
 def _fuzz_child(findings: str, seed: int) -> None:
-    from fuzz.search.target_runtime import Runtime
-    from fuzz.search.worker_protocol import WorkerConfig
+    from mambafuzz.search.target_runtime import Runtime
+    from mambafuzz.search.worker_protocol import WorkerConfig
 
     rt = Runtime(WorkerConfig(split="prefix", findings=findings, generator="random", minimize_budget=5.0))
     rng = random.Random(seed)
@@ -84,7 +84,7 @@ def _fuzz_child(findings: str, seed: int) -> None:
 
 
 def _minimize_child(src: str, out: str) -> None:
-    from fuzz.cli.main import main
+    from mambafuzz.cli.main import main
 
     main(["minimize", src, "--split", "prefix", "-o", out, "--budget", "5"])
 
@@ -166,7 +166,7 @@ def _sigint_default() -> None:
 
 
 def test_sigint_ends_a_fuzz_run_with_its_summary(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "fuzz.cli.main", "fuzz", "--split", "prefix", "--generator", "random",
+    proc = subprocess.Popen([sys.executable, "-m", "mambafuzz.cli.main", "fuzz", "--split", "prefix", "--generator", "random",
                              "--max-time", "300", "--corpus", str(tmp_path / "c"), "--seeds", "--known",
                              "--findings", str(tmp_path / "f")], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, preexec_fn=_sigint_default)
@@ -186,7 +186,7 @@ def test_sigint_ends_a_fuzz_run_with_its_summary(tmp_path):
 # ---- bounded runs ----------------------------------------------------------------------------
 
 def test_wall_clock_bound_is_a_stall_finding_not_a_hang():
-    from fuzz.checks.oracle import judge
+    from mambafuzz.checks.oracle import judge
 
     t = harness.run(first_chunk_scenario(), timeout=1e-6)
     f = judge(t).primary
@@ -194,8 +194,8 @@ def test_wall_clock_bound_is_a_stall_finding_not_a_hang():
 
 
 def test_step_bound_is_a_stall_finding(monkeypatch):
-    from fuzz.checks.oracle import judge
-    from fuzz.model.scenario import Scenario
+    from mambafuzz.checks.oracle import judge
+    from mambafuzz.model.scenario import Scenario
 
     s = shared_prefix_scenario()
     assert judge(harness.run(s)).clean
@@ -261,7 +261,7 @@ def test_junk_in_a_corpus_directory_is_skipped_with_one_warning_each(tmp_path):
 def test_two_fuzz_processes_can_share_one_corpus(tmp_path):
     pytest.importorskip("atheris")
     corpus, findings = tmp_path / "corpus", tmp_path / "findings"
-    procs = [subprocess.Popen([sys.executable, "-m", "fuzz.cli.main", "fuzz", "--split", "prefix", "--generator", "atheris",
+    procs = [subprocess.Popen([sys.executable, "-m", "mambafuzz.cli.main", "fuzz", "--split", "prefix", "--generator", "atheris",
                                "--seed", str(seed), "--max-time", "20", "--corpus", str(corpus), "--seeds",
                                "--known", "--findings", str(findings), "--quiet", "--minimize-budget", "3"],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -276,7 +276,7 @@ def test_two_fuzz_processes_can_share_one_corpus(tmp_path):
 
 
 def test_flaky_finding_is_filed_as_flaky(tmp_path):
-    from fuzz.store.finding_store import FindingStore
+    from mambafuzz.store.finding_store import FindingStore
 
     store = FindingStore(tmp_path, "tests.helpers.flaky_split:split", repro_runs=6, announce=False)
     filed = store.handle(first_chunk_scenario(), "slot_hash:short/chunk-end", "seen once", {"engine": "test"})
@@ -289,7 +289,7 @@ def test_flaky_finding_is_filed_as_flaky(tmp_path):
 
 
 def test_stale_temporary_files_are_swept(tmp_path):
-    from fuzz.store.finding_store import FindingStore
+    from mambafuzz.store.finding_store import FindingStore
 
     (tmp_path / "raw").mkdir()
     old = tmp_path / "raw" / ".x.json.abc.tmp"

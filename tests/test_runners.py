@@ -1,12 +1,12 @@
-"""The runner and mixer rules (fuzz/sim/runners.py, fuzz/sim/mixers.py), each on the row that tells the
+"""The runner and mixer rules (mambafuzz/sim/runners.py, mambafuzz/sim/mixers.py), each on the row that tells the
 two implementations apart, plus the kernel model's per-runner bookkeeping on tiny tables."""
 
 from types import SimpleNamespace
 
-from fuzz.sim.kernel_model import ZEROED, KernelGeometry, KernelModel
-from fuzz.sim.mixers import GDN, PREFILL, SPEC, Mamba2
-from fuzz.sim.runners import BuilderInputs, RowFacts, V1Runner, V2Runner
-from fuzz.sim.state import EMPTY, PrefixStates
+from mambafuzz.sim.kernel_model import ZEROED, KernelGeometry, KernelModel
+from mambafuzz.sim.mixers import GDN, PREFILL, SPEC, Mamba2
+from mambafuzz.sim.runners import BuilderInputs, RowFacts, V1Runner, V2Runner
+from mambafuzz.sim.state import EMPTY, PrefixStates
 
 TOKENS = list(range(1, 30))
 TRUTH = PrefixStates(TOKENS)
@@ -138,7 +138,7 @@ def test_a_spec_row_with_nothing_computed_reads_zeros_as_the_initial_state():
 
 
 def test_default_runner_is_v2_unless_vllm_lists_an_unsupported_feature():
-    from fuzz.sim.vllm_bridge import default_runner
+    from mambafuzz.sim.vllm_bridge import default_runner
 
     assert default_runner(SimpleNamespace(_get_v2_model_runner_unsupported_features=lambda: [])) == "v2"
     assert default_runner(SimpleNamespace(_get_v2_model_runner_unsupported_features=lambda: ["x"])) == "v1"
@@ -149,8 +149,8 @@ def test_expected_tables_key_a_verdict_by_split_or_by_split_and_runner():
 
     import pytest
 
-    from fuzz.model.scenario import RequestSpec, Scenario
-    from fuzz.store.corpus import CaseError, expected_for, parse_case
+    from mambafuzz.model.scenario import RequestSpec, Scenario
+    from mambafuzz.store.corpus import CaseError, expected_for, parse_case
 
     table = {"fixed": "clean", "fixed@v1": "uninit_read"}
     assert expected_for(table, "fixed", "v1") == "uninit_read"
@@ -169,8 +169,8 @@ def test_a_blocks_first_use_holds_the_zeros_the_cache_was_allocated_with():
     import dataclasses
     from pathlib import Path
 
-    from fuzz.checks.pipeline import evaluate
-    from fuzz.store.corpus import load_case
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.store.corpus import load_case
 
     case = load_case(Path(__file__).parent.parent / "corpus/upstream/spec_pad_one_token_prompt_unzeroed_block/spec_pad_one_token_prompt_unzeroed_block.json")
     fresh = dataclasses.replace(case.scenario, requests=case.scenario.requests[1:])

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ScenarioError, from_json, loads, validate
+from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ScenarioError, from_json, loads, validate
 from tests.conftest import first_chunk_scenario
 
 
@@ -27,7 +27,7 @@ def test_equal_prompt_keys_mean_equal_prompts():
     """The harness caches each prompt's true states under `prompt_key`: a key must pin the prompt."""
     import random
 
-    from fuzz.model.generate import random_scenario
+    from mambafuzz.model.generate import random_scenario
 
     rng = random.Random(3)
     prompts: dict[tuple, list[int]] = {}

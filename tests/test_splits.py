@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from fuzz.model.generate import random_scenario
-from fuzz.model.scenario import validate
-from fuzz.sim import harness, splits
+from mambafuzz.model.generate import random_scenario
+from mambafuzz.model.scenario import validate
+from mambafuzz.sim import harness, splits
 
 
 def chunks(trace):
@@ -29,7 +29,7 @@ def test_restated_split_matches_the_installed_one(seed):
 def test_resolve_names_and_user_functions():
     assert splits.resolve("fixed") is None
     assert splits.resolve("prefix") is splits.prefix_split
-    assert splits.resolve("fuzz.sim.splits:realign_split") is splits.realign_split
-    for bad, needle in [("nope", "unknown split"), ("no_such_mod:f", "cannot import"), ("fuzz.sim.splits:missing", "no callable")]:
+    assert splits.resolve("mambafuzz.sim.splits:realign_split") is splits.realign_split
+    for bad, needle in [("nope", "unknown split"), ("no_such_mod:f", "cannot import"), ("mambafuzz.sim.splits:missing", "no callable")]:
         with pytest.raises(splits.SplitError, match=needle):
             splits.resolve(bad)

@@ -7,8 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from fuzz.cli import repro_versions
-from fuzz.cli.version_matrix import Cell
+from mambafuzz.tools import repro_versions
+from mambafuzz.tools.version_matrix import Cell
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.exit_codes import EXIT_TOOL
-from fuzz.sim.vllm_compat import VllmUnsupported, features
-from fuzz.sim.vllm_compat.resolve import Missing, check_all, resolve
-from fuzz.sim.vllm_compat.symbols import OPTIONAL, SYMBOLS, Place
+from mambafuzz.exit_codes import EXIT_TOOL
+from mambafuzz.sim.vllm_compat import VllmUnsupported, features
+from mambafuzz.sim.vllm_compat.resolve import Missing, check_all, resolve
+from mambafuzz.sim.vllm_compat.symbols import OPTIONAL, SYMBOLS, Place
 
 ROOT = Path(__file__).resolve().parent.parent
-COMPAT = ROOT / "fuzz" / "sim" / "vllm_compat"
+COMPAT = ROOT / "mambafuzz" / "sim" / "vllm_compat"
 
 
 def _imports_vllm(tree: ast.AST) -> list[int]:
@@ -39,12 +39,12 @@ def _imports_vllm(tree: ast.AST) -> list[int]:
 
 def test_only_the_compat_layer_imports_vllm():
     offenders = []
-    for path in sorted((ROOT / "fuzz").rglob("*.py")):
+    for path in sorted((ROOT / "mambafuzz").rglob("*.py")):
         if COMPAT in path.parents:
             continue
         for line in _imports_vllm(ast.parse(path.read_text(), str(path))):
             offenders.append(f"{path.relative_to(ROOT)}:{line}")
-    assert not offenders, "import vLLM through fuzz.sim.vllm_compat.api instead: " + ", ".join(offenders)
+    assert not offenders, "import vLLM through mambafuzz.sim.vllm_compat.api instead: " + ", ".join(offenders)
 
 
 def test_the_scan_sees_every_form_of_import():
@@ -185,7 +185,7 @@ def _fake_vllm_tree(tmp_path: Path) -> Path:
 def test_the_cli_says_what_an_unsupported_vllm_lacks_in_one_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{_fake_vllm_tree(tmp_path)}{os.pathsep}{ROOT}"}
     case = ROOT / "corpus" / "regressions" / "first_chunk_fragmented.json"
-    proc = subprocess.run([sys.executable, "-m", "fuzz.cli.main", "repro", str(case)], env=env, cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "mambafuzz.cli.main", "repro", str(case)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == EXIT_TOOL, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -195,7 +195,7 @@ def test_the_cli_says_what_an_unsupported_vllm_lacks_in_one_line(tmp_path):
 
 def test_version_names_both_and_the_vllm_path(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{_fake_vllm_tree(tmp_path)}{os.pathsep}{ROOT}"}
-    proc = subprocess.run([sys.executable, "-m", "fuzz.cli.main", "--version"], env=env, cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "mambafuzz.cli.main", "--version"], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("mambafuzz ") and f"vLLM 0.0.fake at {tmp_path / 'vllm'}" in proc.stdout
@@ -206,7 +206,7 @@ def test_version_names_both_and_the_vllm_path(tmp_path):
 _PROBE = """
 import dataclasses, importlib, json
 import vllm
-import fuzz.sim.vllm_bridge as vb
+import mambafuzz.sim.vllm_bridge as vb
 kvi = importlib.import_module("vllm.v1.kv_cache_interface")
 fields = {f.name for f in dataclasses.fields(kvi.MambaSpec)}
 print(json.dumps({"version": vllm.__version__, "file": vllm.__file__, "detected": vb.PREFILL_CHECKPOINTS,
@@ -216,7 +216,7 @@ print(json.dumps({"version": vllm.__version__, "file": vllm.__file__, "detected"
 
 
 def _other_envs():
-    from fuzz.sim.vllm_envs import discover
+    from mambafuzz.tools.vllm_envs import discover
 
     others = [e for e in discover() if e.name != "current"]
     if not others:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fuzz.checks import vllm_expectations
-from fuzz.cli import version_matrix
-from fuzz.sim.vllm_envs import VllmEnv, discover
-from fuzz.store import corpus
+from mambafuzz.checks import vllm_expectations
+from mambafuzz.store import corpus
+from mambafuzz.tools import version_matrix
+from mambafuzz.tools.vllm_envs import VllmEnv, discover
 
 
 def _venv(path: Path) -> Path:
@@ -81,7 +81,7 @@ def test_the_loader_refuses_a_malformed_entry():
 
 
 def _tiny_scenario():
-    from fuzz.model.scenario import EngineConfig, RequestSpec, Scenario
+    from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario
 
     return Scenario(engine=EngineConfig(mamba_block_size=64, attn_block_size=16, max_num_batched_tokens=256),
                     requests=[RequestSpec(unique_len=70, max_tokens=2)])

@@ -5,12 +5,12 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from fuzz.checks.block_audit import BlockAuditor
-from fuzz.checks.oracle import slot_hash_poisoned
-from fuzz.sim.hash_book import HashBook
-from fuzz.sim.kernel_model import KernelGeometry, KernelModel
-from fuzz.sim.state import PrefixStates
-from fuzz.sim.worker_mirror import WorkerMirror
+from mambafuzz.checks.oracle import slot_hash_poisoned
+from mambafuzz.sim.cache_audit import BlockAuditor
+from mambafuzz.sim.hash_book import HashBook
+from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
+from mambafuzz.sim.state import PrefixStates
+from mambafuzz.sim.worker_mirror import WorkerMirror
 
 TRUTH = PrefixStates(list(range(1, 40)))
 
@@ -74,9 +74,9 @@ def test_auditor_describes_what_the_hash_claims_and_the_block_holds():
 def test_importing_the_audit_plugin_imports_no_vllm():
     """The plugin is loaded by every vLLM process: its import may not pull vLLM or the bridge's
     module-level patches in; the step pieces load on the first audited step."""
-    code = ("import sys; import fuzz.engine_tier.audit_plugin, fuzz.sim.worker_mirror, fuzz.checks.block_audit; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm' or m == 'fuzz.sim.vllm_bridge'"
-            " or m == 'fuzz.sim.kernel_model'))")
+    code = ("import sys; import mambafuzz.engine_tier.audit_plugin, mambafuzz.sim.worker_mirror, mambafuzz.sim.cache_audit; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm' or m == 'mambafuzz.sim.vllm_bridge'"
+            " or m == 'mambafuzz.sim.kernel_model'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -85,8 +85,8 @@ def test_the_audit_plugin_judges_a_publication_with_the_oracles_predicate():
     """A live publication whose block holds the claimed state but records a token count its hash
     does not cover is poisoned, as the oracle's slot_hash check says; a hash the bounded book
     no longer knows is counted, not judged."""
-    from fuzz.engine_tier import audit_plugin
-    from fuzz.sim.vllm_compat.api import make_block_hash_with_group_id
+    from mambafuzz.engine_tier import audit_plugin
+    from mambafuzz.sim.vllm_compat.api import make_block_hash_with_group_id
 
     book = HashBook(4)
     book.learn("r0", [b"a" * 32, b"b" * 32], TRUTH)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from vllm.utils.math_utils import cdiv
 
-from fuzz.sim.patching import Wrap
+from mambafuzz.sim.patching import Wrap
 
 TARGET = "vllm.v1.core.single_type_kv_cache_manager:MambaManager.get_num_blocks_to_allocate"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from vllm.v1.kv_cache_interface import get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid
 
-from fuzz.sim.patching import SPLIT_TARGET, Wrap
+from mambafuzz.sim.patching import SPLIT_TARGET, Wrap
 
 
 def exemption_granted(sched, request, start: int, end: int) -> bool:

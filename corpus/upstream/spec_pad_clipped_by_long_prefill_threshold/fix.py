@@ -10,7 +10,7 @@ the edited lines change.
 
 from __future__ import annotations
 
-from fuzz.sim.patching import Rewrite
+from mambafuzz.sim.patching import Rewrite
 
 THRESHOLD_CLIP = """\
 if 0 < long_prefill_token_threshold < num_new_tokens:

@@ -9,7 +9,7 @@ A source edit of the installed `Scheduler.schedule`.
 
 from __future__ import annotations
 
-from fuzz.sim.patching import Rewrite
+from mambafuzz.sim.patching import Rewrite
 
 PAD_CONDITION = """\
 and not prefill_scheduled

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 
-from fuzz.sim.patching import Wrap
+from mambafuzz.sim.patching import Wrap
 
 PARKED = "_parked_num_accepted_tokens"  # InputBatch attribute: req_id -> count at removal
 

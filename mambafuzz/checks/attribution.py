@@ -1,0 +1,100 @@
+"""Is a failing scenario an instance of a known bug? Only if the known bug's fix explains it:
+the scenario fails as it is (the caller saw that) and replays clean with that fix applied.
+Anything else is new, whatever its signature; the known bug with the same signature is still
+named (`closest`) so a message can say what it looked like.
+
+Signatures are the fast first key: known bugs with the finding's signature are tried first,
+then the others of the same kind, then every known fix together, cut down to the ones the
+scenario needs (a scenario can show two known bugs at once, of different kinds). A known bug whose fix no longer applies to the installed vLLM falls back
+to replay of its own cases: if they still fail with the finding's signature the finding is
+counted as that bug (and the reason says the fix could not be checked), else it is new.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mambafuzz.store.known_bugs import KnownBug, apply_known_fixes, load_known_bugs
+
+__all__ = ["Attribution", "KnownBug", "apply_known_fixes", "attribute", "load_known_bugs", "known_bugs_for"]
+
+
+@dataclass(frozen=True)
+class Attribution:
+    known: tuple[KnownBug, ...]  # empty: a new bug
+    closest: KnownBug | None  # a known bug with the same signature, for messages
+    reason: str
+
+    @property
+    def is_new(self) -> bool:
+        return not self.known
+
+    def to_json(self) -> dict:
+        return {"new": self.is_new, "known": [b.name for b in self.known],
+                "closest": self.closest.name if self.closest else None, "reason": self.reason}
+
+
+def _signature_of(scenario, split: str) -> str | None:
+    from mambafuzz.checks.pipeline import signature_of
+
+    return signature_of(scenario, split)
+
+
+def known_bugs_for(dirs: list[Path], split: str) -> list[KnownBug]:
+    """The known bugs under `dirs` for fuzzing `split` (regression signatures by replay)."""
+    return load_known_bugs(dirs, split, signature_of=_signature_of)
+
+
+def clean_under(scenario, split: str, bugs: tuple[KnownBug, ...] | list[KnownBug]) -> bool:
+    """Does `scenario` replay clean with these bugs' fixes (patches, or their split) applied?"""
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.model.scenario import ScenarioError
+
+    fix_split = next((b.fix_split for b in bugs if b.fix_split), split)
+    patches = [p for b in bugs for p in b.patches]
+    try:
+        return evaluate(scenario, fix_split, efficiency=False, patches=patches).verdict.clean
+    except ScenarioError:
+        return False
+
+
+def still_present(bug: KnownBug) -> bool:
+    """Do the bug's own cases still fail with their recorded signature on the installed vLLM?"""
+    return any(_signature_of(c.scenario, "fixed") in bug.signatures for c in bug.cases)
+
+
+def minimal_explanation(scenario, split: str, bugs: list[KnownBug]) -> list[KnownBug]:
+    """The fixes of `bugs` (which together make `scenario` replay clean) that it still needs:
+    each is dropped in turn and stays dropped while the rest keep the replay clean."""
+    needed = list(bugs)
+    for b in bugs:
+        rest = [x for x in needed if x is not b]
+        if rest and clean_under(scenario, split, rest):
+            needed = rest
+    return needed
+
+
+def attribute(scenario, split: str, signature: str, bugs: list[KnownBug]) -> Attribution:
+    """Attribute a scenario that fails under `split` with `signature` (precondition) to the
+    known bugs whose fixes explain it, or call it new."""
+    kind = signature.split(":")[0]
+    same = [b for b in bugs if signature in b.signatures]
+    closest = same[0] if same else None
+    tried = same + [b for b in bugs if b not in same and kind in b.kinds]
+    usable = [b for b in tried if b.has_usable_fix]
+    for b in usable:
+        if clean_under(scenario, split, (b,)):
+            return Attribution((b,), closest, f"replays clean with the fix of {b.name}")
+    together = [b for b in bugs if b.has_usable_fix]  # a second known bug may be of another kind
+    if len(together) > 1 and clean_under(scenario, split, together):
+        needed = minimal_explanation(scenario, split, together)
+        names = " + ".join(b.name for b in needed)
+        return Attribution(tuple(needed), closest, f"replays clean only with the fixes of {names} together")
+    for b in same:
+        if b.fix_error is not None and still_present(b):
+            return Attribution((b,), closest, f"the fix of {b.name} no longer applies ({b.fix_error}); its cases "
+                                              "still fail with this signature, so it is counted by signature")
+    if closest is not None:
+        return Attribution((), closest, f"same signature as {closest.name}, but its fix does not explain it")
+    return Attribution((), None, "no known fix explains it")

@@ -1,0 +1,78 @@
+"""Drive a scenario through vLLM's real Scheduler and yield, per step, what vLLM's own worker code
+does for each scheduled row (mambafuzz/conform/v1.py), so an adapter can hold the kernel model's
+bookkeeping against it step by step.
+
+A minimal loop, like bench/harness_speed.py's `bare_run`: every sampled token and every draft is
+one constant token, drafts are accepted per the scenario's acceptance pattern, and the scheduler's
+-1 placeholder drafts (a padded one-token prompt tail) are never accepted unless, under async
+scheduling, the worker's drafter stands behind them. No truth, no kernel
+model, no oracle; KV-connector claims are not driven (the connector reports no tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from mambafuzz.conform.rows import RowInput, RowPlan, StepInput
+from mambafuzz.conform.v1 import V1Worker
+from mambafuzz.conform.v2 import V2Worker
+from mambafuzz.model.scenario import Scenario, ample_pool_blocks
+from mambafuzz.model.step_plan import StepPlan
+from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.sim.constant_worker import ConstantWorker
+from mambafuzz.sim.engine_core import BatchQueue
+
+
+@dataclass(frozen=True)
+class ConformStep:
+    step: int
+    input: StepInput
+    plans: tuple[RowPlan, ...]
+
+
+RUNNERS = {"v1": V1Worker, "v2": V2Worker}
+
+
+def _worker_for(runner: str, session: vb.SchedulerSession, num_blocks: int, max_model_len: int):
+    sched = session.scheduler
+    spec = sched.kv_cache_config.kv_cache_groups[session.mamba_group].kv_cache_spec
+    manager = sched.kv_cache_manager.coordinator.single_type_managers[session.mamba_group]
+    return RUNNERS[runner](sched.vllm_config, spec, num_blocks, session.hash_block_size,
+                           manager.cache_hit_alignment_tokens, max_model_len, max_num_reqs=sched.max_num_running_reqs)
+
+
+def drive(s: Scenario, runners: tuple[str, ...] = ("v1", "v2")) -> Iterator[ConformStep]:
+    """Run `s` through the real scheduler, under the engine core's loop for its scheduling mode
+    (mambafuzz.sim.engine_core.BatchQueue); yield one ConformStep per forward that ran rows, with the
+    RowPlans of every runner in `runners` ("v1", "v2"). Under async scheduling each row starts
+    where the worker really is and its placeholder drafts are the worker's own proposals
+    (mambafuzz.sim.constant_worker), as in the harness."""
+    engine = s.engine
+    num_blocks = engine.num_gpu_blocks or ample_pool_blocks(s)
+    session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None, s.uses_connector)
+    workers = [_worker_for(r, session, num_blocks, s.max_model_len()) for r in runners]
+    plan = StepPlan.of(s)
+    prompts = [s.prompt_tokens(i) for i in range(len(s.requests))]
+    queue = BatchQueue(session.batch_queue_depth)
+    bare = ConstantWorker(session, s, queue)
+    for step in range(plan.bound):
+        if plan.end(step, session.has_unfinished() or bool(queue)) is not None:
+            return
+        plan.feed(step, session, prompts)
+        ran: list[ConformStep] = []
+
+        def forward(batch, step=step, ran=ran) -> None:
+            out = batch.out
+            rows = tuple(RowInput(r.req_id, r.start, r.num_scheduled, r.num_drafts,
+                                  session.request(r.req_id).num_prompt_tokens,
+                                  tuple(session.mamba_block_ids(r.req_id)), r.num_sampled or 1)
+                         for r in bare.forward(batch, step))
+            step_input = StepInput(rows, frozenset(out.finished_req_ids), frozenset(out.preempted_req_ids or ()),
+                                   frozenset(out.scheduled_cached_reqs.resumed_req_ids or ()))
+            plans = tuple(p for w in workers for p in w.step(step_input))  # empty steps still drop requests
+            if rows:
+                ran.append(ConformStep(step, step_input, plans))
+
+        queue.step(session, forward, lambda batch, step=step: bare.apply(batch, step))
+        yield from ran

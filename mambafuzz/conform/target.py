@@ -1,0 +1,67 @@
+"""The conform fuzz target's verdict (`mambafuzz fuzz --target conform`): a scenario in, the
+first row where the kernel model and vLLM's own worker code disagree out, named
+`conform:<field>/<mixer>@<runner>`, where the field is the first of FIELDS that differs.
+
+It is `mambafuzz conform`'s comparison (mambafuzz/conform/compare.py) stopped at its first
+disagreement, so a filed case replays with `mambafuzz conform FILE --runner R`, and the
+minimizer keeps a smaller scenario only while its first disagreement has the same signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mambafuzz.conform import compare as conform_check
+from mambafuzz.exit_codes import ToolError, one_line
+from mambafuzz.model.scenario import Scenario, ScenarioError
+from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.store.finding_store import Judge
+
+FIELDS = ("read", "writes", "precopy", "postcopy", "checkpoint")  # conform_check.Effect, in order
+
+
+def signature(d: conform_check.Disagreement) -> str:
+    field = next(f for f, mine, theirs in zip(FIELDS, d.mirror, d.vllm, strict=True) if mine != theirs)
+    return f"conform:{field}/{d.mixer}@{d.runner}"
+
+
+def runner_of(sig: str) -> str:
+    return sig.rpartition("@")[2]
+
+
+def first_disagreement(s: Scenario, runners: Sequence[str]) -> conform_check.Disagreement | None:
+    """The first disagreeing row of `s` on `runners`, or None.  A config vLLM refuses is bad
+    input (ScenarioError), as in the scheduler target; any other exception is the tier failing
+    on this input (ToolError), never a disagreement."""
+    try:
+        return next(conform_check.compare(s, tuple(runners)), None)
+    except vb.ConfigRejected as exc:
+        raise ScenarioError([str(exc)]) from None
+    except (ScenarioError, ToolError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - said in one line; the worker keeps the input
+        raise ToolError(f"the conformance tier raised {one_line(exc, where=True)}; "
+                        "a tool failure, not a disagreement") from exc
+
+
+def verdict(s: Scenario, runners: Sequence[str]) -> tuple[str, str] | None:
+    """(signature, message) of the first disagreement, or None when the mirror agrees."""
+    d = first_disagreement(s, runners)
+    return None if d is None else (signature(d), d.describe())
+
+
+def judge(runners: Sequence[str], patch_specs: Sequence[str] = ()) -> Judge:
+    """How a finding store re-checks, names and replays conform findings (the `--patch` specs
+    are part of the replay command: a planted rule lives in them)."""
+
+    def signature_of(s: Scenario) -> str | None:
+        try:
+            v = verdict(s, runners)
+        except ScenarioError:
+            return None
+        return None if v is None else v[0]
+
+    def repro(path, sig: str) -> str:
+        return f"mambafuzz conform {path} --runner {runner_of(sig)}" + "".join(f" --patch {p}" for p in patch_specs)
+
+    return Judge("conform", signature_of, repro, {"target": "conform", "runners": list(runners)})

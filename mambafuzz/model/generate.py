@@ -1,0 +1,231 @@
+"""The one definition of the input space, shared by every engine.
+
+`draw_scenario(src)` asks a `Source` for integers and booleans, one named dimension at a
+time; three sources feed it:
+- `RandomSource`: a seeded `random.Random` (the feedback-free baseline engine);
+- `BytesSource`: a byte string, through atheris' `FuzzedDataProvider` when atheris is
+  installed (libFuzzer mutates the bytes; any byte string decodes to a valid scenario);
+- `HypothesisSource`: Hypothesis' `data.draw` (property tests and shrinking; `scenarios()`).
+
+Dimensions are encoded relative to the mamba block (prompt lengths, budgets, offsets), so
+every block size gets chunk ends before, at and after its boundaries.  Nothing here knows
+any particular bug.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Protocol
+
+from mambafuzz.model.scenario import (
+    EngineConfig,
+    Knob,
+    RequestSpec,
+    Scenario,
+    ample_pool_blocks,
+    knobs,
+    min_pool_blocks,
+)
+
+BASE_BLOCK_SIZES = (8, 16, 32)  # the finest block; mamba blocks are multiples, hash units divisors
+MAX_GEN_REQUESTS = 5
+MAX_GEN_PREFIXES = 3
+
+
+class Source(Protocol):
+    def int(self, lo: int, hi: int) -> int: ...
+    def bool(self) -> bool: ...
+
+
+class RandomSource:
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+
+    def int(self, lo: int, hi: int) -> int:
+        return self.rng.randint(lo, hi)
+
+    def bool(self) -> bool:
+        return self.rng.random() < 0.5
+
+
+class BytesSource:
+    """Consumes a byte string through atheris' FuzzedDataProvider (a plain big-endian reader
+    when atheris is absent).  Past the end of the bytes, draws come from a PRNG seeded by the
+    bytes themselves: short inputs still decode to varied scenarios, and libFuzzer's longer
+    inputs take over the leading dimensions one by one."""
+
+    def __init__(self, data: bytes):
+        try:
+            import atheris
+
+            self._fdp = atheris.FuzzedDataProvider(data)
+        except ImportError:
+            self._fdp = None
+        self._data = data
+        self._pos = 0
+        self._tail: random.Random | None = None
+
+    def _remaining(self) -> int:
+        return self._fdp.remaining_bytes() if self._fdp is not None else len(self._data) - self._pos
+
+    def int(self, lo: int, hi: int) -> int:
+        if hi <= lo:
+            return lo
+        span = hi - lo
+        nbytes = (span.bit_length() + 7) // 8
+        if self._remaining() < nbytes:
+            if self._tail is None:
+                self._tail = random.Random(self._data)
+            return self._tail.randint(lo, hi)
+        if self._fdp is not None:
+            return self._fdp.ConsumeIntInRange(lo, hi)
+        chunk = self._data[self._pos : self._pos + nbytes]
+        self._pos += nbytes
+        return lo + int.from_bytes(chunk, "big") % (span + 1)
+
+    def bool(self) -> bool:
+        return self.int(0, 1) == 1
+
+
+class HypothesisSource:
+    def __init__(self, draw):
+        from hypothesis import strategies as st
+
+        self._draw = draw
+        self._st = st
+
+    def int(self, lo: int, hi: int) -> int:
+        return self._draw(self._st.integers(lo, max(lo, hi)))
+
+    def bool(self) -> bool:
+        return self._draw(self._st.booleans())
+
+
+def _pick(src: Source, options: tuple | list):
+    return options[src.int(0, len(options) - 1)]
+
+
+def _length(src: Source, block: int, most_blocks: int = 3) -> int:
+    """A token count spread over [1, most_blocks * block], often near block boundaries."""
+    if src.bool():
+        return src.int(1, most_blocks * block)
+    boundary = src.int(1, most_blocks) * block
+    return max(1, boundary + src.int(-3, 3))
+
+
+def draw_engine(src: Source) -> EngineConfig:
+    base = _pick(src, BASE_BLOCK_SIZES)
+    mamba = base * _pick(src, (1, 2, 3, 4, 8, 16, 50, 100))
+    # Half the time the attention block equals the mamba block, as a real align-mode engine sets it;
+    # otherwise it is the finer base block, a config only the scheduler sees (mambafuzz.model.scenario.engine_realism_notes).
+    attn = mamba if src.bool() else base
+    units = [d for d in range(1, base + 1) if base % d == 0]
+    unit = _pick(src, units + [None, None])
+    spec_tokens = src.int(0, 3) if src.bool() else 0
+    budget = max(1 + spec_tokens, _length(src, mamba, 4))
+    threshold = src.int(1, min(budget, 2 * mamba)) if src.int(0, 3) == 0 else 0
+    checkpoint = src.int(0, 3) == 0
+    retention = _pick(src, (0, 0, None, mamba, 2 * mamba))
+    engine = EngineConfig(
+        mamba_block_size=mamba,
+        attn_block_size=attn,
+        prefix_match_unit=unit,
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=threshold,
+        max_num_seqs=src.int(1, min(8, budget)),
+        spec_method="mtp" if spec_tokens else "none",
+        num_speculative_tokens=spec_tokens,
+        num_prefill_checkpoint_blocks=1 if checkpoint else 0,
+        prefill_checkpoint_alignment=_pick(src, (1, unit or mamba)) if checkpoint else None,
+        enable_mamba_shared_prefix_checkpoint=src.int(0, 3) == 0,
+        prefix_cache_retention_interval=retention,
+    )
+    for name, k in knobs().items():  # a knob with no distribution of its own gets a generic one
+        if k.generate and name not in DRAWN_HERE:
+            setattr(engine, name, _draw_knob(src, k))
+    return engine
+
+
+# The knobs draw_engine and draw_scenario give hand-made distributions (block boundaries,
+# divisors, budgets that fragment chunks); every other knob is drawn by _draw_knob.
+DRAWN_HERE = frozenset({
+    "mamba_block_size", "attn_block_size", "prefix_match_unit", "max_num_batched_tokens",
+    "long_prefill_token_threshold", "max_num_seqs", "spec_method", "num_speculative_tokens",
+    "num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment", "enable_mamba_shared_prefix_checkpoint",
+    "prefix_cache_retention_interval", "num_gpu_blocks", "async_scheduling",
+})
+
+
+def _draw_knob(src: Source, k: Knob) -> object:
+    """A value from a knob's declared range: its simplest value half of the time."""
+    if k.kind == "bool":
+        return None if k.optional and src.bool() else src.bool()
+    if k.kind == "choice":
+        return _pick(src, k.choices)
+    if k.optional and src.bool():
+        return None
+    if src.bool() and k.simplest is not None:
+        return k.simplest
+    return src.int(k.lo, min(k.hi if k.hi is not None else k.lo + 64, k.lo + 64))
+
+
+def draw_scenario(src: Source) -> Scenario:
+    engine = draw_engine(src)
+    block = engine.mamba_block_size
+    prefixes = [min(_length(src, block), 2000) for _ in range(src.int(0, MAX_GEN_PREFIXES))]
+    requests = []
+    for _ in range(src.int(1, MAX_GEN_REQUESTS)):
+        prefix_ids = [src.int(0, len(prefixes) - 1) for _ in range(src.int(0, 2))] if prefixes else []
+        arrival = src.int(0, 8)
+        req = RequestSpec(
+            arrival_step=arrival,
+            prefix_ids=prefix_ids,
+            unique_len=min(_length(src, block, 2), 3000),
+            max_tokens=src.int(1, 8),
+            abort_step=arrival + src.int(0, 12) if src.int(0, 5) == 0 else None,
+        )
+        requests.append(req)
+    scenario = Scenario(engine=engine, prefixes=prefixes, requests=requests,
+                        acceptance=[src.int(0, engine.num_speculative_tokens) for _ in range(src.int(0, 4))]
+                        if engine.num_speculative_tokens else [],
+                        token_seed=src.int(0, 3))
+    while len(requests) > 1 and sum(scenario.prompt_len(i) for i in range(len(requests))) > 4 * 8192 // 3:
+        requests.pop()
+    for i, req in enumerate(requests):  # connector hits need the prompt length
+        if src.int(0, 3) == 0:
+            plen = scenario.prompt_len(i)
+            if plen > 1:
+                req.external_tokens = src.int(1, plen - 1)
+                req.external_async = src.bool()
+    limit = scenario.max_model_len()
+    if engine.long_prefill_token_threshold > limit:
+        engine.long_prefill_token_threshold = limit
+    if src.int(0, 3) == 0:
+        lo, hi = min_pool_blocks(scenario), ample_pool_blocks(scenario)
+        engine.num_gpu_blocks = min(src.int(lo, lo + max(1, (hi - lo) // 4)), 4096)
+    # Drawn last, so every earlier draw (and an input recorded before the knob existed) decodes
+    # as it did: vLLM's default (async in 0.32) half of the time, each explicit mode a quarter.
+    engine.async_scheduling = _draw_knob(src, knobs()["async_scheduling"])
+    for req in requests:
+        if req.abort_step is not None:
+            req.abort_in_flight = src.bool()
+    return scenario
+
+
+def scenario_from_bytes(data: bytes) -> Scenario:
+    return draw_scenario(BytesSource(data))
+
+
+def random_scenario(rng: random.Random) -> Scenario:
+    return draw_scenario(RandomSource(rng))
+
+
+def scenarios():
+    """The Hypothesis strategy over the same input space."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def _scenarios(draw):
+        return draw_scenario(HypothesisSource(draw))
+
+    return _scenarios()

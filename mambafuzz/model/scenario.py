@@ -1,0 +1,468 @@
+"""The input model: what one fuzz case is, as plain dataclasses with a versioned JSON form.
+
+A scenario names an engine config and a mix of requests.  Prompts are built from shared
+prefix segments plus a unique tail, so that prefix-cache hits happen naturally; token ids
+are derived from `token_seed`, so a scenario file stays small and readable.
+
+Everything downstream (decoder, strategies, minimizer, harness) speaks this model only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+FORMAT_NAME = "mambafuzz-scenario"
+FORMAT_VERSION = 2
+# Version 1 predates `engine.async_scheduling`: every version-1 file was found and recorded under
+# vLLM's synchronous Scheduler, so it loads with the knob false (never with vLLM's async default).
+READABLE_VERSIONS = (1, 2)
+
+# Token ids live in [1, VOCAB_SIZE); the tiny model config ships a vocab this large.
+VOCAB_SIZE = 1024
+
+SPEC_METHODS = ("none", "mtp")
+RUNNERS = ("v1", "v2")  # vLLM's GPU model runners (mambafuzz/sim/runners.py)
+
+# Hard ceilings that keep one scenario cheap; the decoder and validation share them.
+MAX_REQUESTS = 16
+MAX_PROMPT_TOKENS = 8192
+MAX_OUTPUT_TOKENS = 256
+MAX_STEPS_ARRIVAL = 64
+MAX_POOL_BLOCKS = 4096
+
+
+class ScenarioError(ValueError):
+    """A scenario file or object that cannot be run; `problems` holds one line per issue."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+KEEP = object()  # Knob.uncached: the field keeps its value when prefix caching is off
+
+
+@dataclass(frozen=True)
+class Knob:
+    """What the rest of the tool needs to know about one engine-config field, declared once.
+
+    Validation (`validate`), the generator (`mambafuzz.model.generate`, for knobs it has no hand-made
+    distribution for), the minimizer's passes, the config cache key (`mambafuzz.sim.vllm_bridge`) and
+    the prefix-caching-off twin (`EngineConfig.without_prefix_caching`) are all derived from it,
+    so adding a knob is one field here plus tests."""
+
+    kind: str  # "int", "bool" or "choice"
+    lo: int = 0
+    hi: int | None = None
+    optional: bool = False  # None is allowed (vLLM's default / not set)
+    choices: tuple[str, ...] = ()
+    simplest: Any = None  # what the minimizer tries first; None for an optional knob means "unset"
+    shrink: bool = True  # the minimizer may move it towards `simplest` (False: a pass of its own does)
+    companions: tuple[tuple[str, Any], ...] = ()  # fields set with it when it takes its simplest value
+    build_key: bool = True  # part of the VllmConfig this config builds (the config cache key)
+    uncached: Any = KEEP  # its value in the twin run with prefix caching off
+    generate: bool = True  # drawn generically when mambafuzz.model.generate has no distribution of its own
+
+
+def knob(default: Any, **spec: Any) -> Any:
+    """A dataclass field carrying its Knob."""
+    return field(default=default, metadata={"knob": Knob(**spec)})
+
+
+@functools.cache
+def knobs() -> dict[str, Knob]:
+    """Every EngineConfig field's Knob, in field order."""
+    return {f.name: f.metadata["knob"] for f in dataclasses.fields(EngineConfig)}
+
+
+@dataclass
+class EngineConfig:
+    """The vLLM knobs that change how align-mode chunks are cut and states cached."""
+
+    mamba_block_size: int = knob(256, kind="int", lo=8, hi=1 << 16, shrink=False)
+    attn_block_size: int = knob(16, kind="int", lo=1, hi=1 << 12, shrink=False)
+    # None: vLLM default (gcd of the group block sizes)
+    prefix_match_unit: int | None = knob(None, kind="int", lo=1, hi=1 << 16, optional=True, uncached=None)
+    max_num_batched_tokens: int = knob(512, kind="int", lo=1, hi=1 << 16, simplest=1)
+    long_prefill_token_threshold: int = knob(0, kind="int", lo=0, hi=1 << 16, simplest=0)
+    max_num_seqs: int = knob(8, kind="int", lo=1, hi=256, simplest=1)
+    # None: sized so nothing is ever preempted
+    num_gpu_blocks: int | None = knob(None, kind="int", lo=1, hi=MAX_POOL_BLOCKS, optional=True, build_key=False)
+    spec_method: str = knob("none", kind="choice", choices=SPEC_METHODS, simplest="none",
+                            companions=(("num_speculative_tokens", 0),))
+    num_speculative_tokens: int = knob(0, kind="int", lo=0, hi=8, simplest=0, companions=(("spec_method", "none"),))
+    num_prefill_checkpoint_blocks: int = knob(0, kind="int", lo=0, hi=4, simplest=0, build_key=False, uncached=0)
+    prefill_checkpoint_alignment: int | None = knob(None, kind="int", lo=1, hi=1 << 16, optional=True,
+                                                    companions=(("num_prefill_checkpoint_blocks", 0),),
+                                                    build_key=False, uncached=None)
+    enable_mamba_shared_prefix_checkpoint: bool = knob(False, kind="bool", simplest=False, uncached=False)
+    prefix_cache_retention_interval: int | None = knob(0, kind="int", lo=0, hi=1 << 20, optional=True, simplest=0)
+    enable_prefix_caching: bool = knob(True, kind="bool", simplest=True, uncached=False, generate=False)
+    # "v1" | "v2"; None: what vLLM picks on a CUDA host (vllm_bridge.default_runner).  Not drawn:
+    # the campaign's --runner (or vLLM's default) decides it.
+    runner: str | None = knob(None, kind="choice", choices=RUNNERS, optional=True, simplest=None, build_key=False,
+                              generate=False)
+    # The scheduler class and how the engine core drives it. True: vLLM's AsyncScheduler with a batch
+    # queue (EngineCore.step_with_batch_queue); False: Scheduler, one batch at a time (EngineCore.step);
+    # None: what vLLM picks for this config on a CUDA host (vllm_bridge.default_async_scheduling), async
+    # in 0.32 for every config here. The minimizer moves it to vLLM's default: a case that still fails
+    # there is one every default deployment can hit.
+    async_scheduling: bool | None = knob(None, kind="bool", optional=True, simplest=None)
+
+    def without_prefix_caching(self) -> EngineConfig:
+        """The same engine with prefix caching off: the differential's twin."""
+        changes = {name: k.uncached for name, k in knobs().items() if k.uncached is not KEEP}
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def hash_block_size(self) -> int:
+        """What vLLM resolves `prefix_match_unit` to (kv_cache_utils.resolve_kv_cache_block_sizes)."""
+        return self.prefix_match_unit or math.gcd(self.attn_block_size, self.mamba_block_size)
+
+    @property
+    def uses_spec_decode(self) -> bool:
+        return self.spec_method != "none" and self.num_speculative_tokens > 0
+
+    @property
+    def mixer(self) -> str:
+        """The mixer family the config stands for: only Mamba2-style mixers declare internal
+        prefill checkpoints (`MambaMixer2.get_kv_cache_spec`); GDN declares none."""
+        return "mamba2" if self.num_prefill_checkpoint_blocks else "gdn"
+
+
+@dataclass
+class RequestSpec:
+    """One request: when it arrives, what its prompt is made of, and how it ends."""
+
+    arrival_step: int = 0
+    prefix_ids: list[int] = field(default_factory=list)  # indexes into Scenario.prefixes
+    unique_len: int = 1
+    max_tokens: int = 4
+    external_tokens: int = 0  # prompt tokens a KV connector claims to hold
+    external_async: bool = False
+    abort_step: int | None = None
+    # Where the engine core takes the abort: False, from its input queue before the step's
+    # schedule(); True, it arrived while a batch executed, so the aborts queue delivers it right
+    # before the next update_from_output (EngineCore.step and step_with_batch_queue both drain it
+    # there), or at the next step's input when that step applies no output.
+    abort_in_flight: bool = False
+
+
+@dataclass
+class Scenario:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    prefixes: list[int] = field(default_factory=list)  # shared prefix segment lengths
+    requests: list[RequestSpec] = field(default_factory=list)
+    # Accepted draft tokens per engine step (cycled); empty means every draft is accepted.
+    acceptance: list[int] = field(default_factory=list)
+    token_seed: int = 0
+
+    # ---- derived views -------------------------------------------------------------
+    def request_ids(self) -> list[str]:
+        return [f"r{i}" for i in range(len(self.requests))]
+
+    def prompt_tokens(self, index: int) -> list[int]:
+        """The prompt of request `index`: its prefix segments, then a unique tail."""
+        spec = self.requests[index]
+        tokens: list[int] = []
+        for prefix_id in spec.prefix_ids:
+            tokens += _segment_tokens(self.token_seed, ("prefix", prefix_id), self.prefixes[prefix_id])
+        tokens += _segment_tokens(self.token_seed, ("tail", index), spec.unique_len)
+        return tokens
+
+    def prompt_key(self, index: int) -> tuple:
+        """What `prompt_tokens(index)` depends on: equal keys, equal prompts (a cheap cache key)."""
+        spec = self.requests[index]
+        return (self.token_seed, tuple((p, self.prefixes[p]) for p in spec.prefix_ids), index, spec.unique_len)
+
+    def prompt_len(self, index: int) -> int:
+        spec = self.requests[index]
+        return sum(self.prefixes[p] for p in spec.prefix_ids) + spec.unique_len
+
+    @property
+    def uses_connector(self) -> bool:
+        """Some request claims KV-connector tokens: the engine needs a KV connector configured."""
+        return any(r.external_tokens for r in self.requests)
+
+    def max_model_len(self) -> int:
+        longest = max((self.prompt_len(i) + r.max_tokens for i, r in enumerate(self.requests)), default=1)
+        return longest + self.engine.num_speculative_tokens + 1
+
+    def size(self) -> tuple[int, int, int]:
+        """(requests, last arrival/abort step, total prompt+output tokens): the minimizer's order."""
+        steps = max([r.arrival_step for r in self.requests] + [r.abort_step or 0 for r in self.requests] + [0])
+        tokens = sum(self.prompt_len(i) + r.max_tokens for i, r in enumerate(self.requests))
+        return len(self.requests), steps, tokens
+
+    def liveness_bound(self) -> int:
+        """Steps within which every request must finish: each step makes progress on some
+        request unless the split defers it, so one step per token plus arrivals is generous."""
+        _, last_step, tokens = self.size()
+        return last_step + tokens + 8 * len(self.requests) + 16
+
+    # ---- JSON ----------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "engine": dataclasses.asdict(self.engine),
+            "prefixes": list(self.prefixes),
+            "requests": [dataclasses.asdict(r) for r in self.requests],
+            "acceptance": list(self.acceptance),
+            "token_seed": self.token_seed,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
+
+
+@functools.lru_cache(maxsize=128)  # bounded: a long fuzz run sees endless distinct segments
+def _segment_tokens_cached(seed: int, key: tuple[str, int], length: int) -> tuple[int, ...]:
+    rng = random.Random(f"{seed}/{key[0]}/{key[1]}")
+    # Same values as rng.randrange(1, VOCAB_SIZE) (rejection sampling on 10 bits), inlined.
+    bits = rng.getrandbits
+    span = VOCAB_SIZE - 1
+    out = []
+    for _ in range(length):
+        r = bits(10)
+        while r >= span:
+            r = bits(10)
+        out.append(1 + r)
+    return tuple(out)
+
+
+def _segment_tokens(seed: int, key: tuple[str, int], length: int) -> list[int]:
+    return list(_segment_tokens_cached(seed, key, length))
+
+
+# ---- loading and validation ---------------------------------------------------------
+
+_ENGINE_FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
+_REQUEST_FIELDS = {f.name: f for f in dataclasses.fields(RequestSpec)}
+
+
+def _check_int(problems: list[str], where: str, value: Any, lo: int, hi: int | None = None, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        problems.append(f"{where} must be an integer, got {value!r}")
+    elif value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        problems.append(f"{where} must be {bound}, got {value}")
+
+
+def _build(cls: type, raw: Any, where: str, fields: dict[str, Any], problems: list[str]) -> Any:
+    if not isinstance(raw, dict):
+        problems.append(f"{where} must be an object, got {type(raw).__name__}")
+        return cls()
+    unknown = sorted(set(raw) - set(fields))
+    for name in unknown:
+        problems.append(f"{where}.{name} is not a known field")
+    return cls(**{k: v for k, v in raw.items() if k in fields})
+
+
+def from_json(raw: Any) -> Scenario:
+    """Build and validate a Scenario from parsed JSON; raises ScenarioError listing every problem."""
+    problems: list[str] = []
+    if not isinstance(raw, dict):
+        raise ScenarioError([f"top level must be an object, got {type(raw).__name__}"])
+    if raw.get("format") != FORMAT_NAME:
+        problems.append(f"format must be {FORMAT_NAME!r}, got {raw.get('format')!r}")
+    version = raw.get("version")
+    if version not in READABLE_VERSIONS:
+        problems.append(f"version must be one of {', '.join(map(str, READABLE_VERSIONS))}, got {version!r}")
+    known = {"format", "version", "engine", "prefixes", "requests", "acceptance", "token_seed", "expected", "note", "origin", "finding",
+             "engine_confirmation", "expected_by_vllm"}
+    for name in sorted(set(raw) - known):
+        problems.append(f"top-level field {name!r} is not known")
+    engine_raw = raw.get("engine", {})
+    if version == 1 and isinstance(engine_raw, dict) and "async_scheduling" not in engine_raw:
+        engine_raw = {**engine_raw, "async_scheduling": False}
+    engine = _build(EngineConfig, engine_raw, "engine", _ENGINE_FIELDS, problems)
+    reqs_raw = raw.get("requests", [])
+    if not isinstance(reqs_raw, list):
+        problems.append("requests must be a list")
+        reqs_raw = []
+    requests = [_build(RequestSpec, r, f"requests[{i}]", _REQUEST_FIELDS, problems) for i, r in enumerate(reqs_raw)]
+    prefixes = raw.get("prefixes", [])
+    acceptance = raw.get("acceptance", [])
+    scenario = Scenario(
+        engine=engine,
+        prefixes=prefixes if isinstance(prefixes, list) else [],
+        requests=requests,
+        acceptance=acceptance if isinstance(acceptance, list) else [],
+        token_seed=raw.get("token_seed", 0),
+    )
+    if not isinstance(prefixes, list):
+        problems.append("prefixes must be a list of lengths")
+    if not isinstance(acceptance, list):
+        problems.append("acceptance must be a list of counts")
+    problems += validate(scenario)
+    if problems:
+        raise ScenarioError(problems)
+    return scenario
+
+
+def loads(text: str) -> Scenario:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScenarioError([f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"]) from None
+    except RecursionError:
+        raise ScenarioError(["not valid JSON: nested too deeply"]) from None
+    return from_json(raw)
+
+
+def validate(s: Scenario) -> list[str]:
+    """Every reason this scenario cannot run, one line each; empty when it is valid.
+
+    Configs vLLM itself refuses (sizes that do not divide, a pool too small for one request)
+    are reported here, so they never reach vLLM as crashes."""
+    p: list[str] = []
+    e = s.engine
+    for name, k in knobs().items():
+        value = getattr(e, name)
+        if k.kind == "int":
+            _check_int(p, f"engine.{name}", value, k.lo, k.hi, optional=k.optional)
+        elif k.kind == "bool" and not isinstance(value, bool) and not (value is None and k.optional):
+            p.append(f"engine.{name} must be true or false{' or null' if k.optional else ''}")
+        elif k.kind == "choice" and value not in k.choices and not (value is None and k.optional):
+            either = "null or one of" if k.optional else "one of"
+            p.append(f"engine.{name} must be {either} {', '.join(k.choices)}, got {value!r}")
+    _check_int(p, "token_seed", s.token_seed, 0, (1 << 63) - 1)
+    if p:
+        return p  # the arithmetic below needs well-typed numbers
+    if e.mamba_block_size % 8:
+        p.append(f"engine.mamba_block_size {e.mamba_block_size} must be a multiple of 8 (causal_conv1d alignment)")
+    if e.mamba_block_size % e.attn_block_size:
+        p.append(f"engine.attn_block_size {e.attn_block_size} must divide mamba_block_size {e.mamba_block_size}")
+    unit = e.hash_block_size
+    if e.attn_block_size % unit or e.mamba_block_size % unit:
+        p.append(f"engine.prefix_match_unit {unit} must divide attn_block_size {e.attn_block_size} and mamba_block_size {e.mamba_block_size}")
+    if e.spec_method == "none" and e.num_speculative_tokens:
+        p.append("engine.num_speculative_tokens needs spec_method 'mtp'")
+    if e.spec_method != "none" and not e.num_speculative_tokens:
+        p.append(f"engine.spec_method {e.spec_method!r} needs num_speculative_tokens >= 1")
+    if e.num_prefill_checkpoint_blocks and e.prefill_checkpoint_alignment is None:
+        p.append("engine.num_prefill_checkpoint_blocks needs prefill_checkpoint_alignment")
+    retention = e.prefix_cache_retention_interval
+    if retention and retention % e.mamba_block_size:
+        p.append(f"engine.prefix_cache_retention_interval {retention} must be a multiple of mamba_block_size {e.mamba_block_size}")
+    if e.max_num_batched_tokens < e.max_num_seqs:
+        p.append(f"engine.max_num_batched_tokens {e.max_num_batched_tokens} must be >= max_num_seqs {e.max_num_seqs}")
+    if e.max_num_batched_tokens < 1 + e.num_speculative_tokens:
+        p.append("engine.max_num_batched_tokens must fund one decode step (1 + num_speculative_tokens)")
+
+    if not s.requests:
+        p.append("requests must not be empty")
+    if len(s.requests) > MAX_REQUESTS:
+        p.append(f"at most {MAX_REQUESTS} requests, got {len(s.requests)}")
+    for i, length in enumerate(s.prefixes):
+        _check_int(p, f"prefixes[{i}]", length, 1, MAX_PROMPT_TOKENS)
+    for i, count in enumerate(s.acceptance):
+        _check_int(p, f"acceptance[{i}]", count, 0, 8)
+    if p:
+        return p
+    for i, r in enumerate(s.requests):
+        w = f"requests[{i}]"
+        _check_int(p, f"{w}.arrival_step", r.arrival_step, 0, MAX_STEPS_ARRIVAL)
+        _check_int(p, f"{w}.unique_len", r.unique_len, 1, MAX_PROMPT_TOKENS)
+        _check_int(p, f"{w}.max_tokens", r.max_tokens, 1, MAX_OUTPUT_TOKENS)
+        _check_int(p, f"{w}.external_tokens", r.external_tokens, 0, MAX_PROMPT_TOKENS)
+        _check_int(p, f"{w}.abort_step", r.abort_step, 0, MAX_STEPS_ARRIVAL + MAX_PROMPT_TOKENS, optional=True)
+        if not isinstance(r.external_async, bool):
+            p.append(f"{w}.external_async must be true or false")
+        if not isinstance(r.abort_in_flight, bool):
+            p.append(f"{w}.abort_in_flight must be true or false")
+        elif r.abort_in_flight and r.abort_step is None:
+            p.append(f"{w}.abort_in_flight needs an abort_step")
+        if not isinstance(r.prefix_ids, list) or any(
+            isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < len(s.prefixes) for x in r.prefix_ids
+        ):
+            p.append(f"{w}.prefix_ids must list indexes into prefixes (0..{len(s.prefixes) - 1})")
+    if p:
+        return p
+    for i, r in enumerate(s.requests):
+        w = f"requests[{i}]"
+        plen = s.prompt_len(i)
+        if plen > MAX_PROMPT_TOKENS:
+            p.append(f"{w} prompt is {plen} tokens, more than {MAX_PROMPT_TOKENS}")
+        if r.external_tokens >= plen:
+            p.append(f"{w}.external_tokens {r.external_tokens} must be below its prompt length {plen}")
+        if r.abort_step is not None and r.abort_step < r.arrival_step:
+            p.append(f"{w}.abort_step {r.abort_step} is before its arrival_step {r.arrival_step}")
+    if s.requests and e.long_prefill_token_threshold > s.max_model_len():
+        p.append(f"engine.long_prefill_token_threshold {e.long_prefill_token_threshold} exceeds the longest "
+                 f"request ({s.max_model_len()} tokens); vLLM refuses it")
+    if e.num_gpu_blocks is not None and not p:
+        need = min_pool_blocks(s)
+        if e.num_gpu_blocks < need:
+            p.append(f"engine.num_gpu_blocks {e.num_gpu_blocks} cannot hold the longest request (needs {need}); vLLM refuses such a pool at start-up")
+    return p
+
+
+def engine_realism_notes(e: EngineConfig) -> list[str]:
+    """Ways a config is reachable only at scheduler level, not in a real engine: a finding on such
+    a config should be re-checked on an engine-real one before anyone calls it a vLLM bug."""
+    notes = []
+    if e.enable_prefix_caching and e.attn_block_size != e.mamba_block_size:
+        notes.append(f"attn_block_size {e.attn_block_size} != mamba_block_size {e.mamba_block_size}: a real align-mode "
+                     "engine ties the two (Platform._align_hybrid_block_size); only the scheduler sees this config")
+    return notes
+
+
+# The shipped tiny model has three linear-attention layers beside one attention layer; vLLM's
+# uniform-page grouping gives each its own KV-cache group, so a request holds three mamba block tables.
+MAMBA_GROUPS = 3
+
+
+def blocks_for_request(e: EngineConfig, num_tokens: int) -> int:
+    """Blocks one request holds at most: attention blocks for every token, plus each mamba
+    group's resident state blocks in align mode (two, plus speculative and checkpoint blocks)."""
+    attn = -(-num_tokens // e.attn_block_size)
+    # align mode keeps 2 state blocks resident; vLLM's admission check (scheduler_reserve_full_isl)
+    # counts one per mamba block of the whole sequence with prefix caching off: take the larger.
+    per_group = max(2, -(-num_tokens // e.mamba_block_size)) + e.num_speculative_tokens + e.num_prefill_checkpoint_blocks
+    mamba = MAMBA_GROUPS * per_group
+    # + slack for the null block and the allocator's watermark (1% of the pool)
+    return attn + mamba + 4 + (attn + mamba) // 50
+
+
+def min_pool_blocks(s: Scenario) -> int:
+    longest = max((s.prompt_len(i) + r.max_tokens for i, r in enumerate(s.requests)), default=1)
+    return blocks_for_request(s.engine, longest + s.engine.num_speculative_tokens + 1)
+
+
+def with_runner(s: Scenario, runner: str | None) -> Scenario:
+    """`s` under another model runner (None: keep the scenario's own)."""
+    if runner is None or runner == s.engine.runner:
+        return s
+    if runner not in RUNNERS:
+        raise ScenarioError([f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}"])
+    return dataclasses.replace(s, engine=dataclasses.replace(s.engine, runner=runner))
+
+
+SCHEDULING_MODES = {"sync": False, "async": True, "default": None}  # --scheduling -> engine.async_scheduling
+
+
+def with_scheduling(s: Scenario, mode: str | None) -> Scenario:
+    """`s` under another scheduling mode (None: keep the scenario's own): "sync" (vLLM's Scheduler,
+    one batch at a time), "async" (AsyncScheduler under a batch queue) or "default" (vLLM's pick)."""
+    if mode is None:
+        return s
+    if mode not in SCHEDULING_MODES:
+        raise ScenarioError([f"scheduling must be one of {', '.join(SCHEDULING_MODES)}, got {mode!r}"])
+    return dataclasses.replace(s, engine=dataclasses.replace(s.engine, async_scheduling=SCHEDULING_MODES[mode]))
+
+
+def ample_pool_blocks(s: Scenario) -> int:
+    """A pool that holds every request at once plus a cache's worth: nothing is preempted."""
+    total = sum(blocks_for_request(s.engine, s.prompt_len(i) + r.max_tokens + s.engine.num_speculative_tokens + 1)
+                for i, r in enumerate(s.requests))
+    return 2 * total + 16

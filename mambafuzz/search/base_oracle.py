@@ -1,0 +1,113 @@
+"""The PR job's base: a second process that runs the vLLM a pull request is based on and says
+how each scenario fails there, so a finding fails the PR only when its base does not show it.
+
+A finding is a symptom and a known bug's fix is a guess at its cause: judging a PR by "a known
+fix makes it clean" hid a new bug on a path a known fix also touches (the hash-grid split bug,
+clean under the internal-checkpoint fix).  ClusterFuzzLite's PR mode asks the sounder question:
+does the crash reproduce on the base build?  The base is another vLLM tree, which cannot share a
+process with the PR's, so it runs here, behind one narrow interface: a scenario in (one JSON
+line on stdin), its signature under the split out (`{"signature": S}`, null when clean;
+`{"rejected": why}` when the base cannot run the scenario; `{"error": why}` when mambafuzz
+failed on it there).
+
+`where` names the base: `installed` (the vLLM installed in this interpreter's environment, with
+no overlay on PYTHONPATH and no planted mutant) or a directory made by `ci/pr-overlay` (it holds
+`vllm/`).  Known fixes the campaign applies (`--with-known-fixes`) apply to the base too, so the
+two sides differ by the PR alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mambafuzz.exit_codes import ToolError, UsageError, one_line
+
+INSTALLED = "installed"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def check_where(where: str) -> str:
+    """`where` as the base process will use it; a one-line UsageError when it names no vLLM."""
+    if where == INSTALLED:
+        return where
+    path = Path(where)
+    if not (path / "vllm" / "__init__.py").is_file():
+        raise UsageError(f"--base {where}: not 'installed' nor a directory holding vllm/ (make one with ci/pr-overlay)")
+    return str(path.resolve())
+
+
+def base_env(where: str) -> dict[str, str]:
+    """The environment of the base process: this one without the PR's overlay or planted bug."""
+    from mambafuzz.search.worker_protocol import CONFIG_ENV
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MAMBAFUZZ_MUTANT", CONFIG_ENV)}
+    env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+    if where != INSTALLED:
+        env["PYTHONPATH"] += os.pathsep + where
+        env["VLLM_TARGET_DEVICE"] = "cpu"  # as ci/pr-overlay's env.sh: a source tree cannot infer it
+    return env
+
+
+class BaseOracle:
+    """The client: starts the base process at once (it imports vLLM while the worker fuzzes) and
+    asks it one scenario at a time."""
+
+    def __init__(self, where: str, split: str, known_fix_dirs: list[str] | None = None):
+        self.where = where
+        settings = json.dumps({"split": split, "known_fix_dirs": list(known_fix_dirs or [])})
+        self.proc = subprocess.Popen([sys.executable, "-m", "mambafuzz.search.base_oracle", settings],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=base_env(where), text=True, bufsize=1)
+
+    def _ask(self, scenario) -> dict:
+        if self.proc.poll() is not None:
+            raise ToolError(f"the base process ({self.where}) exited {self.proc.returncode}")
+        self.proc.stdin.write(json.dumps(json.loads(scenario.dumps())) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise ToolError(f"the base process ({self.where}) exited {self.proc.wait()} without an answer")
+        return json.loads(line)
+
+    def signature_of(self, scenario) -> str | None:
+        """How `scenario` fails on the base (None: clean); a base that cannot run it answers
+        `rejected: ...`, which no finding's signature equals."""
+        answer = self._ask(scenario)
+        if "error" in answer:
+            raise ToolError(f"on the base ({self.where}): {answer['error']}")
+        if "rejected" in answer:
+            return f"rejected: {answer['rejected']}"
+        return answer["signature"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+def serve(settings: dict) -> int:
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.model.scenario import ScenarioError, loads
+    from mambafuzz.sim.vllm_bridge import apply_worker_patches
+
+    apply_worker_patches([], settings.get("known_fix_dirs", []))
+    split = settings["split"]
+    for line in sys.stdin:
+        try:
+            verdict = evaluate(loads(line), split, efficiency=False).verdict
+            answer = {"signature": None if verdict.clean else verdict.primary.signature}
+        except ScenarioError as exc:
+            answer = {"rejected": "; ".join(exc.problems)}
+        except Exception as exc:  # noqa: BLE001 - the worker counts it as a tool failure on this input
+            answer = {"error": one_line(exc, where=True)}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve(json.loads(sys.argv[1])))

@@ -1,0 +1,66 @@
+"""Which code gives the atheris/hypothesis generators their coverage feedback, and how only
+that code gets instrumented.
+
+atheris' `instrument_imports(include=[...])` keeps only the top-level package of each name
+(`module_name.split(".")[0]` in atheris/import_hook.py), so `include=["vllm.v1.core"]`
+instruments every vLLM module imported inside the block (config, entrypoints, multimodal,
+logging, ...), with dataflow tracing, and `"mambafuzz.model.generate"` instruments all of `mambafuzz`,
+oracle and kernel model included.  That feedback rewards paths in our own checker and in
+vLLM's configuration code, and it costs time on every call into them.
+
+Instead, everything is imported uninstrumented first; then each Python function whose
+`__module__` lies under one of `COVERAGE_MODULES` gets atheris' instrumentation on its code
+object (`atheris.instrument_func`; nested functions and lambdas are patched with it).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import types
+from collections.abc import Iterable
+
+# The system under test (vLLM's scheduler, KV-cache manager and coordinator, the checkpoint
+# rules), our restated pre-fix splits (they stand in for vLLM's split under --split prefix),
+# and the input decoders (new decoded shapes are worth keeping).
+COVERAGE_MODULES = ("vllm.v1.core", "vllm.v1.kv_cache_interface", "mambafuzz.sim.splits", "mambafuzz.model.generate")
+# The conform target (`--target conform`) is also rewarded for new paths through the two sides
+# it compares: the kernel model with its runner and mixer rules, and the conformance tier that
+# calls vLLM's worker code (not vLLM's worker modules themselves: their Triton kernels run in
+# Triton's interpreter, which must see them as written).
+CONFORM_MODULES = ("mambafuzz.sim.kernel_model", "mambafuzz.sim.runners", "mambafuzz.sim.mixers", "mambafuzz.conform.compare", "mambafuzz.conform.drive",
+                   "mambafuzz.conform.rows", "mambafuzz.conform.v1", "mambafuzz.conform.v2", "mambafuzz.conform.target")
+TARGET_MODULES = {"scheduler": COVERAGE_MODULES, "conform": COVERAGE_MODULES + CONFORM_MODULES}
+
+
+def under(module: str, prefixes: Iterable[str]) -> bool:
+    """Whether `module` is one of `prefixes` or a submodule of one ("vllm.v1.core.x", not "vllm.v1.corex")."""
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def functions_under(prefixes: Iterable[str]) -> list[types.FunctionType]:
+    """Every loaded Python function defined in a module under `prefixes`."""
+    prefixes = tuple(prefixes)
+    return [obj for obj in gc.get_objects()
+            if isinstance(obj, types.FunctionType) and isinstance(getattr(obj, "__module__", None), str)
+            and under(obj.__module__, prefixes)]
+
+
+def instrument_target(target: str) -> int:
+    """Import the coverage modules of `target` (see TARGET_MODULES) that are plain `mambafuzz`
+    modules, then instrument everything loaded under its prefixes; returns how many functions."""
+    prefixes = TARGET_MODULES[target]
+    for name in prefixes:
+        if name.startswith("mambafuzz."):
+            importlib.import_module(name)
+    return instrument_modules(prefixes)
+
+
+def instrument_modules(prefixes: Iterable[str]) -> int:
+    """Instrument the functions of the loaded modules under `prefixes`; returns how many."""
+    import atheris
+
+    funcs = functions_under(prefixes)
+    for func in funcs:
+        atheris.instrument_func(func)
+    return len(funcs)

@@ -1,0 +1,270 @@
+"""Planted bugs for mutation testing: small, plausible mistakes in vLLM's scheduling and
+KV-cache functions, each a list of reversible patches of the installed vLLM (mambafuzz.sim.patching).
+
+`MAMBAFUZZ_MUTANT=<name>` in the environment applies one (or a generated mutant,
+`mm:<Class.function>:<n>`, from mambafuzz.tools.mutation) when `mambafuzz.sim.vllm_bridge` is imported,
+so the fuzzer's worker processes run against the mutant; `bench/mutation_score.py` measures
+which mutants the fuzzer kills from an empty corpus on `--split fixed`. `confirms_kill` is the
+honest part: a finding kills a mutant only if it fails with the mutant and is clean without.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from mambafuzz.sim import patching, splits
+from mambafuzz.sim.patching import SPLIT_TARGET, Patch, Rewrite, Wrap
+
+MUTANTS: dict[str, tuple[str, Callable[[], list[Patch]]]] = {}
+STKM = "vllm.v1.core.single_type_kv_cache_manager"
+MAMBA = f"{STKM}:MambaManager"
+POOL = "vllm.v1.core.block_pool:BlockPool"
+SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
+
+
+def mutant(description: str):
+    def register(fn: Callable[[], list[Patch]]) -> Callable[[], list[Patch]]:
+        MUTANTS[fn.__name__] = (description, fn)
+        return fn
+    return register
+
+
+def _split_patch(**mutation) -> list[Patch]:
+    def split(self, request, num_new_tokens, num_new_local_computed_tokens=0, num_external_computed_tokens=0):
+        return _mutated_split(self, request, num_new_tokens, num_new_local_computed_tokens,
+                              num_external_computed_tokens, **mutation)
+    return [Wrap(SPLIT_TARGET, lambda current: split, wraps_candidates=False)]
+
+
+def _mutated_split(sched, request, n, local, external, *, drop_tail_stop=False, no_defer=False,
+                   realign_one_block_late=False) -> int:
+    """The restated split (tests hold it equal to vLLM's) with one rule broken."""
+    if not (drop_tail_stop or no_defer or realign_one_block_late):
+        return splits.restated_fixed_split(sched, request, n, local, external)
+    block = sched.cache_config.block_size
+    start = request.num_computed_tokens + local + external
+    got = splits.restated_fixed_split(sched, request, n, local, external)
+    end = start + got
+    if no_defer and got == 0:
+        return n  # budget too small for an aligned chunk: schedule the unaligned one anyway
+    if drop_tail_stop and sched.mamba_partial_cache_hit and end % block and start + n > end:
+        return min(n, (end // block + 1) * block - start)  # run on to the next block boundary
+    if realign_one_block_late and start % block and end == start - start % block + block and start + n > end:
+        return min(n, got + block)
+    return got
+
+
+def realign_one_block_late_split(self, request, num_new_tokens, num_new_local_computed_tokens=0,
+                                 num_external_computed_tokens=0):
+    """`split_realign_one_block_late` as a `--split` candidate (no process-wide patch): a split
+    bug whose findings in checkpoint engines share the upstream mid-block class's signature."""
+    return _mutated_split(self, request, num_new_tokens, num_new_local_computed_tokens,
+                          num_external_computed_tokens, realign_one_block_late=True)
+
+
+@mutant("split: a chunk the budget cannot align is scheduled unaligned instead of deferred")
+def split_no_defer() -> list[Patch]:
+    return _split_patch(no_defer=True)
+
+
+@mutant("split: no stop at the prompt-tail hash boundary for partial hits")
+def split_drop_tail_stop() -> list[Patch]:
+    return _split_patch(drop_tail_stop=True)
+
+
+@mutant("split: a chunk starting mid-block stops one block past its own boundary")
+def split_realign_one_block_late() -> list[Patch]:
+    return _split_patch(realign_one_block_late=True)
+
+
+@mutant("split: non-final chunk ends are aligned to the hash grid (prefix_match_unit), not the mamba block grid")
+def split_hash_grid() -> list[Patch]:
+    return [Rewrite(SPLIT_TARGET, ((
+        "aligned_end = end // block_size * block_size",
+        "aligned_end = end // self.hash_block_size * self.hash_block_size  # mutant: the hash grid",
+    ),))]
+
+
+@mutant("manager: the prompt-tail checkpoint position is one hash unit late in MambaManager")
+def manager_tail_position_late() -> list[Patch]:
+    def make(original):
+        def late(num_tokens, hash_block_size, drop_eagle_block):
+            return original(num_tokens, hash_block_size, drop_eagle_block) + hash_block_size
+        return late
+    return [Wrap(f"{STKM}:get_mamba_prefill_checkpoint_position", make)]
+
+
+@mutant("manager: remove_skipped_blocks keeps the mamba state of one token too few")
+def manager_skip_one_token_more() -> list[Patch]:
+    return [Wrap(f"{MAMBA}.get_num_skipped_tokens", lambda current: lambda self, num_computed_tokens: num_computed_tokens)]
+
+
+@mutant("manager: copy-on-write copies for partial hits are never handed to the worker")
+def manager_drop_cow_copies() -> list[Patch]:
+    def make(original):
+        def drop(self):
+            original(self)
+            return []
+        return drop
+    return [Wrap(f"{MAMBA}.take_pending_cow_copies", make)]
+
+
+@mutant("manager: cache_blocks publishes one block ahead of the computed tokens")
+def manager_cache_one_block_early() -> list[Patch]:
+    def make(original):
+        def early(self, request, num_tokens, retention_interval=None, *, replay_boundaries):
+            ahead = min(num_tokens + self.block_size, request.num_tokens)
+            return original(self, request, ahead, retention_interval, replay_boundaries=replay_boundaries)
+        return early
+    return [Wrap(f"{MAMBA}.cache_blocks", make)]
+
+
+@mutant("manager: a partial hit is reported one hash unit longer than what matched")
+def manager_hit_one_unit_long() -> list[Patch]:
+    def make(original):
+        def longer(cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec, drop_eagle_block,
+                   alignment_tokens, *args, **kwargs):
+            blocks, length = original(cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+                                      drop_eagle_block, alignment_tokens, *args, **kwargs)[:2]
+            if length and length % kv_cache_spec.block_size and length + alignment_tokens < max_length:
+                length += alignment_tokens
+            return blocks, length
+        return longer
+    return [Wrap(f"{MAMBA}.find_longest_cache_hit", make)]
+
+
+# ---- outside the split and the hit/caching rules above ----------------------------------
+
+@mutant("admission: MambaManager's block estimate is one block short")
+def admission_estimate_one_short() -> list[Patch]:
+    def make(original):
+        def short(self, *args, **kwargs):
+            n = original(self, *args, **kwargs)
+            return n - 1 if 0 < n <= self.block_pool.num_gpu_blocks else n
+        return short
+    return [Wrap(f"{MAMBA}.get_num_blocks_to_allocate", make)]
+
+
+@mutant("admission: a hit on a mamba block cached earlier in the same step is not deferred")
+def admission_same_step_hit() -> list[Patch]:
+    def make(original):
+        def eager(self, *args, **kwargs):
+            kept, self.cached_blocks_this_step = self.cached_blocks_this_step, set()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                self.cached_blocks_this_step = kept
+        return eager
+    return [Wrap(f"{MAMBA}.get_num_blocks_to_allocate", make)]
+
+
+@mutant("eviction: a reused cached block keeps its prefix-cache entry")
+def pool_evict_keeps_hash() -> list[Patch]:
+    return [Wrap(f"{POOL}._maybe_evict_cached_block", lambda current: lambda self, block: False)]
+
+
+@mutant("block pool: a prefix-hit block is not taken off the free queue")
+def pool_touch_keeps_free() -> list[Patch]:
+    def make(original):
+        def touch(self, blocks):
+            for block in blocks:
+                block.ref_cnt += 1
+        return touch
+    return [Wrap(f"{POOL}.touch", make)]
+
+
+@mutant("retention: the sparse retention mask keeps the block after each kept one")
+def retention_mask_shifted() -> list[Patch]:
+    def make(original):
+        def shifted(cls, *args, **kwargs):
+            mask = original(cls, *args, **kwargs)
+            return mask if mask is None else [False, *mask[:-1]]
+        return shifted
+    return [Wrap(f"{MAMBA}.reachable_block_mask", make)]
+
+
+def _rollback_patch(rolled_back: str) -> list[Patch]:
+    """update_from_output with `rolled_back` in place of the rollback of rejected drafts."""
+    return [Rewrite(f"{SCHED}.update_from_output", ((
+        "request.num_computed_tokens -= num_rejected",
+        rolled_back,
+    ),))]
+
+
+@mutant("spec decode: rejected draft tokens are not rolled back from num_computed_tokens")
+def spec_no_rollback() -> list[Patch]:
+    return _rollback_patch("pass  # mutant: rejected drafts stay computed")
+
+
+@mutant("spec decode: only half of the rejected draft tokens are rolled back from num_computed_tokens")
+def spec_half_rollback() -> list[Patch]:
+    return _rollback_patch("request.num_computed_tokens -= num_rejected // 2  # mutant: half rolled back")
+
+
+@mutant("preemption: a preempted request resumes with its old num_computed_tokens")
+def preempt_keeps_computed() -> list[Patch]:
+    return [Rewrite(f"{SCHED}._preempt_request", ((
+        """
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        """,
+        """
+        request.status = RequestStatus.PREEMPTED
+        """),))]
+
+
+@mutant("copy-on-write: partial-hit copies are issued backwards (private block onto the shared one)")
+def cow_copies_backwards() -> list[Patch]:
+    def make(original):
+        def backwards(self):
+            return [(dst, src) for src, dst in original(self)]
+        return backwards
+    return [Wrap(f"{MAMBA}.take_pending_cow_copies", make)]
+
+
+def patches(name: str) -> list[Patch]:
+    """A planted bug's patches: a name in MUTANTS, or a generated mutant id (`mm:...`,
+    mambafuzz.tools.mutation)."""
+    if name.startswith("mm:"):
+        from mambafuzz.tools import mutation as mutation_tool
+
+        return list(mutation_tool.patches(name))
+    if name not in MUTANTS:
+        raise KeyError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
+    return MUTANTS[name][1]()
+
+
+def apply(name: str) -> None:
+    """Plant `name` for the rest of this process."""
+    for p in patches(name):
+        patching.apply_one(p)
+
+
+def apply_from_env() -> str | None:
+    name = os.environ.get("MAMBAFUZZ_MUTANT")
+    if name:
+        apply(name)
+    return name
+
+
+def confirms_kill(scenario, split: str, name: str, signature: str | None = None) -> tuple[bool, str]:
+    """Does `scenario` show the planted bug `name`: it fails with the mutant (with `signature`
+    when given) and replays clean without it? Call in a process where no mutant is planted."""
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.model.scenario import ScenarioError
+
+    try:
+        with_bug = evaluate(scenario, split, efficiency=False, patches=patches(name)).verdict
+        without = evaluate(scenario, split, efficiency=False).verdict
+    except ScenarioError as exc:
+        return False, f"rejected: {'; '.join(exc.problems)}"
+    except patching.FixNotApplicable as exc:
+        return False, f"mutant does not apply: {exc}"
+    if with_bug.clean:
+        return False, "clean with the mutant"
+    if signature is not None and with_bug.primary.signature != signature:
+        return False, f"fails with the mutant as {with_bug.primary.signature}, not {signature}"
+    if not without.clean:
+        return False, f"fails without the mutant too ({without.primary.signature}): not the planted bug"
+    return True, f"fails with the mutant ({with_bug.primary.signature}), clean without"

@@ -1,0 +1,61 @@
+"""The feedback-free generator: the shared input model driven by a seeded PRNG.  Also replays
+the corpus first, so seeds and earlier inputs are always re-checked.
+
+Run as `python -m mambafuzz.search.random_worker` with a `WorkerConfig` file named in
+MAMBAFUZZ_WORKER_CONFIG (seed, time and run bounds, RSS limit, directories to replay);
+`mambafuzz fuzz --generator random` does this.  Reports in `mambafuzz.search.worker_protocol` events.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import sys
+import time
+from pathlib import Path
+
+from mambafuzz.exit_codes import EXIT_CLEAN, EXIT_TOOL, one_line
+from mambafuzz.search.worker_protocol import WorkerConfig, emit
+
+
+def main() -> int:
+    try:
+        config = WorkerConfig.from_environment()
+        from mambafuzz.model.generate import random_scenario
+        from mambafuzz.model.inputs import decode_input, iter_input_files
+        from mambafuzz.model.scenario import validate
+        from mambafuzz.search.target_runtime import Runtime, current_rss_mb
+
+        runtime = Runtime(config)
+    except Exception as exc:  # noqa: BLE001 - said as one event; the supervisor fails the campaign
+        emit("error", message=one_line(exc))
+        return EXIT_TOOL
+    emit("started", generator="random", python=sys.executable)
+    gc.freeze()  # vLLM and torch's heap never needs rescanning by full collections
+    deadline = time.monotonic() + config.fuzz_seconds(config.max_time) if config.max_time > 0 else None
+    stats: dict = {}
+    stopped = None
+    try:
+        for path, data in iter_input_files([Path(c) for c in config.replay_dirs], stats):
+            scenario = decode_input(data)
+            if scenario is not None:
+                runtime.run_scenario(scenario, {"input": str(path)})
+        rng = random.Random(config.seed)
+        while (not config.runs or runtime.execs < config.runs) and (deadline is None or time.monotonic() < deadline):
+            case_seed = rng.getrandbits(63)
+            scenario = random_scenario(random.Random(case_seed))
+            if validate(scenario):
+                runtime.rejected += 1
+                continue
+            runtime.run_scenario(scenario, {"input": "random", "seed": config.seed, "case_seed": case_seed})
+            if config.rss_limit_mb and current_rss_mb() > config.rss_limit_mb:
+                stopped = f"rss {current_rss_mb():.0f}MB over the {config.rss_limit_mb}MB limit"
+                break
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+    runtime.status(final=True, **({"stopped": stopped} if stopped else {}))
+    return EXIT_CLEAN
+
+
+if __name__ == "__main__":
+    sys.exit(main())

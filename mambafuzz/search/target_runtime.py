@@ -1,0 +1,166 @@
+"""What one fuzz execution does, whatever generator produced the input: decode, judge, file.
+
+The target (`WorkerConfig.target`) decides what judges an input: `scheduler` evaluates it with
+the oracles (mambafuzz.checks.pipeline), `conform` holds the kernel model against vLLM's own worker code
+(mambafuzz.conform.target).  Either way an execution is one input judged; one that cannot run is
+counted as rejected, not executed.
+
+Configured by one `WorkerConfig` (mambafuzz.search.worker_protocol: a file named in the environment, so
+libFuzzer's -fork/-merge children, which re-run the target with argv only, behave like their
+parent).  Reports to the `mambafuzz fuzz` supervisor in JSON events (`progress`, `finding`,
+`done`), never in free text.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from mambafuzz.checks.pipeline import evaluate
+from mambafuzz.exit_codes import EXIT_TOOL, ToolError
+from mambafuzz.model.inputs import decode_input
+from mambafuzz.model.scenario import Scenario, ScenarioError, with_runner, with_scheduling
+from mambafuzz.search.worker_protocol import WorkerConfig, emit
+from mambafuzz.store.corpus import atomic_write, content_name
+from mambafuzz.store.finding_store import Filed, FindingStore, known_signatures
+
+STATUS_EVERY = 3.0
+Verdict = tuple[str, ...] | None  # (signature, message[, fine signature]) of a violation, or None: clean
+
+
+class Runtime:
+    def __init__(self, config: WorkerConfig):
+        from mambafuzz.sim.vllm_bridge import apply_worker_patches
+
+        apply_worker_patches(config.patches, config.known_fix_dirs)
+        self.config = config
+        if config.target == "conform":
+            from mambafuzz.conform import compare as conform_check
+            from mambafuzz.conform import target as conform_target
+
+            runners = (config.runner,) if config.runner else conform_check.RUNNERS
+            self._judge = lambda s: conform_target.verdict(s, runners)
+            # No known bugs: they are the oracles' business, and attributed by replaying those.
+            self.store = FindingStore(Path(config.findings), config.split, known_bugs=[],
+                                      minimize_budget=config.minimize_budget, announce=False,
+                                      judge=conform_target.judge(runners, config.patches))
+        else:
+            self._judge = self._oracle_verdict
+            known = known_signatures([Path(d) for d in config.known_dirs], config.split, config.runner)
+            self.store = FindingStore(Path(config.findings), config.split, known=known,
+                                      minimize_budget=config.minimize_budget, announce=False)
+            if config.base:
+                from mambafuzz.search.base_oracle import BaseOracle
+
+                base = BaseOracle(config.base, config.split, config.known_fix_dirs)
+                self.store.base, self.store.base_label = base.signature_of, config.base
+        self.execs = 0
+        self.modes = {"sync": 0, "async": 0}  # executions per scheduling mode (unset counts as vLLM's: async)
+        self.rejected = 0
+        self.tool_errors = 0  # inputs mambafuzz itself failed on (kept under findings/tool-errors/)
+        self.started = time.monotonic()
+        self._last_status = self.started
+
+    @classmethod
+    def from_environment(cls) -> Runtime:
+        return cls(WorkerConfig.from_environment())
+
+    def decode(self, data: bytes) -> Scenario | None:
+        return decode_input(data, self.config.decoder)
+
+    def _oracle_verdict(self, scenario: Scenario) -> Verdict:
+        v = evaluate(scenario, self.config.split, efficiency=False).verdict
+        return None if v.clean else (v.primary.signature, v.primary.message, v.primary.fine_signature)
+
+    def run_scenario(self, scenario: Scenario, origin: dict, raw: bytes | None = None) -> bool:
+        """Judge once; file a finding if any.  Returns True when a new finding was filed."""
+        try:
+            # every scenario runs on the campaign's runner, so a filed finding replays on it
+            scenario = with_scheduling(with_runner(scenario, self.config.runner), self.config.scheduling)
+            found = self._judge(scenario)
+            self.execs += 1
+            self.modes["sync" if scenario.engine.async_scheduling is False else "async"] += 1
+            filed = None
+            if found is not None:
+                origin = dict(origin, engine=self.config.generator, target=self.config.target, execs=self.execs,
+                              seconds=round(time.monotonic() - self.started, 2))
+                filed = self.store.handle(scenario, found[0], found[1], origin, raw,
+                                          fine_signature=found[2] if len(found) > 2 else None)
+                if filed is not None:
+                    self.report_finding(filed)
+        except ScenarioError:
+            self.rejected += 1
+            return False
+        except ToolError as exc:
+            if exc.stops_worker:  # an unsupported vLLM: every later input would fail the same way
+                self.stop_on_tool_error(scenario, exc)
+            self.keep_tool_error(scenario, exc)
+            return False
+        self.maybe_status()
+        if filed is not None and self.config.stop_on_first and not filed.flaky and not filed.pre_existing:
+            self.status(final=True)
+            sys.stdout.flush()
+            os._exit(1)
+        return filed is not None
+
+    def _keep(self, scenario: Scenario) -> Path:
+        """Keep an input mambafuzz failed on for a person: beside the findings, never as one."""
+        text = scenario.dumps()
+        path = Path(self.config.findings) / "tool-errors" / content_name(text, ".json")
+        atomic_write(path, text)
+        return path
+
+    def keep_tool_error(self, scenario: Scenario, exc: ToolError) -> None:
+        """mambafuzz itself failed on this input: keep it, count it, say so in a `tool_error`
+        event, and go on with the next input (a buggy vLLM must not end the campaign; libFuzzer's
+        -fork mode likewise goes on after a crash)."""
+        self.tool_errors += 1
+        emit("tool_error", message=f"{exc} (input kept: {self._keep(scenario)})")
+        self.maybe_status()
+
+    def stop_on_tool_error(self, scenario: Scenario, exc: ToolError) -> NoReturn:
+        """mambafuzz cannot run on this vLLM at all: keep the input, say so in an `error` event,
+        and end the worker with exit 3."""
+        emit("error", message=f"{exc} (input kept: {self._keep(scenario)})")
+        self.status(final=True)
+        sys.stdout.flush()
+        os._exit(EXIT_TOOL)
+
+    def report_finding(self, filed: Filed) -> None:
+        emit("finding", signature=filed.signature, path=str(filed.path), flaky=filed.flaky,
+             pre_existing=filed.pre_existing,
+             reproduced=filed.repro_rate, requests=filed.size[0], tokens=filed.size[2],
+             minimize_seconds=round(filed.minimize_seconds, 2),
+             seconds=round(time.monotonic() - self.started, 2))
+
+    def test_one_input(self, data: bytes) -> None:
+        scenario = self.decode(data)
+        if scenario is None:
+            self.rejected += 1
+            self.maybe_status()
+            return
+        self.run_scenario(scenario, {"input": "libfuzzer"}, raw=data)
+
+    def maybe_status(self) -> None:
+        now = time.monotonic()
+        if now - self._last_status >= STATUS_EVERY:
+            self._last_status = now
+            self.status()
+
+    def status(self, final: bool = False, **extra) -> None:
+        """A `progress` event, or the `done` event when `final`."""
+        emit("done" if final else "progress", execs=self.execs, rejected=self.rejected,
+             findings=len(self.store.filed), dups=self.store.duplicates, modes=self.modes, tool_errors=self.tool_errors,
+             seconds=round(time.monotonic() - self.started, 1), rss_mb=round(current_rss_mb()), **extra)
+
+
+def current_rss_mb() -> float:
+    """Resident set size now (not the peak), from /proc."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    except (OSError, ValueError, IndexError):
+        return 0.0

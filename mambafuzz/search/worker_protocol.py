@@ -1,0 +1,114 @@
+"""How the `mambafuzz fuzz` supervisor and its worker processes talk: in data, both ways.
+
+- Down: the supervisor writes a worker's whole configuration (`WorkerConfig`) to one JSON file
+  and names it in one environment variable, `MAMBAFUZZ_WORKER_CONFIG`.  An environment
+  variable, not argv, because libFuzzer's own -fork/-merge children re-run the target with
+  argv only; they inherit the environment and so read the same file.
+- Up: a worker prints JSON events, one per line, behind the prefix `@@event `: `started`
+  (once it has imported vLLM and is ready to run inputs), `progress` (its counters),
+  `finding` (what it filed), `tool_error` (mambafuzz failed on one input, kept; the worker goes
+  on), `error` (why it cannot run) and `done`.  The supervisor acts on
+  these alone; everything else a worker prints is log.  libFuzzer's own status lines are log
+  too, read only for what no worker can know (libFuzzer's coverage and corpus counters).
+
+This module imports nothing heavy: the supervisor uses it without importing vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+CONFIG_ENV = "MAMBAFUZZ_WORKER_CONFIG"
+EVENT_PREFIX = "@@event "
+EVENTS = ("started", "progress", "finding", "tool_error", "error", "done")
+# What judges an input (`mambafuzz fuzz --target`): the oracles on the scheduler's run
+# (mambafuzz.checks.pipeline), or the kernel model against vLLM's own worker code (mambafuzz.conform.target).
+TARGETS = ("scheduler", "conform")
+
+
+MIN_FUZZ_SECONDS = 1.0
+
+
+@dataclass
+class WorkerConfig:
+    """Everything a worker needs; the defaults are what a bare `fuzz_scheduler.py CORPUS` run uses."""
+
+    target: str = "scheduler"  # one of TARGETS
+    split: str = "fixed"
+    findings: str = "findings"
+    generator: str = "random"  # random | atheris | hypothesis
+    stop_on_first: bool = False
+    minimize_budget: float = 30.0
+    known_dirs: list[str] = field(default_factory=list)
+    patches: list[str] = field(default_factory=list)  # --patch specs, applied to vLLM for every run
+    known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: these known bugs' fixes
+    runner: str | None = None  # v1 | v2: every scenario runs on it; None: each scenario's own engine.runner
+    base: str | None = None  # PR mode: the base vLLM ("installed" or an overlay dir; mambafuzz.search.base_oracle)
+    # (conform target: the runner checked; None: both)
+    scheduling: str | None = None  # sync | async | default: every scenario runs so; None: each scenario's own
+    # the random generator's own loop (libFuzzer workers take these as libFuzzer flags instead)
+    seed: int = 0
+    max_time: float = 0.0
+    runs: int = 0
+    rss_limit_mb: int = 0
+    replay_dirs: list[str] = field(default_factory=list)
+    # wall-clock (time.time()) end of the whole campaign, 0: none. --max-time counts from the
+    # campaign's start, so a worker's own start-up (importing vLLM, instrumenting) comes out of it.
+    deadline: float = 0.0
+
+    def fuzz_seconds(self, budget: float, now: float | None = None) -> float:
+        """How long this worker may fuzz: what is left of the campaign's deadline (at least one
+        second, so a slow start still runs inputs), else `budget` as given."""
+        if not self.deadline:
+            return budget
+        return max(MIN_FUZZ_SECONDS, self.deadline - (time.time() if now is None else now))
+
+    @property
+    def decoder(self) -> str:
+        """How raw inputs become scenarios: the Hypothesis generator reads bytes its own way."""
+        return "hypothesis" if self.generator == "hypothesis" else "bytes"
+
+    def write(self, path: Path) -> Path:
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def read(cls, path: str | Path) -> WorkerConfig:
+        """The configuration in `path`; unknown keys are an error, so a stale worker is loud."""
+        data = json.loads(Path(path).read_text())
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown worker settings {unknown}")
+        return cls(**data)
+
+    @classmethod
+    def from_environment(cls) -> WorkerConfig:
+        """The file named by MAMBAFUZZ_WORKER_CONFIG, or the defaults when it is unset."""
+        path = os.environ.get(CONFIG_ENV)
+        return cls.read(path) if path else cls()
+
+
+def emit(event: str, **data: Any) -> None:
+    """Print one event line (flushed at once: the supervisor reads it live)."""
+    assert event in EVENTS, event
+    line = json.dumps({"event": event, "pid": os.getpid(), **data}, separators=(",", ":"))
+    sys.stdout.write(EVENT_PREFIX + line + "\n")
+    sys.stdout.flush()
+
+
+def parse_event(line: str) -> dict[str, Any] | None:
+    """The event on `line`, or None for a log line (or a garbled event, which is logged)."""
+    if not line.startswith(EVENT_PREFIX):
+        return None
+    try:
+        event = json.loads(line[len(EVENT_PREFIX):])
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and event.get("event") in EVENTS else None

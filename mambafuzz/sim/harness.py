@@ -1,0 +1,608 @@
+"""Drive one scenario through vLLM's real Scheduler and KV-cache manager, with the kernel
+model standing in for the GPU, and record a Trace.
+
+scenario -> (this module) -> trace -> oracle.  The harness judges nothing itself.  It plays
+the engine core and the model runner: StepPlan says what arrives and is aborted when,
+mambafuzz.sim.worker_mirror applies each SchedulerOutput to the kernel model as the worker would (the
+runtime audit plugin applies it through the same code), and mambafuzz.sim.cache_audit describes every
+published mamba block; this module turns their results into the trace and answers the
+scheduler with greedy tokens and drafts.
+"""
+
+from __future__ import annotations
+
+import _signal
+import os
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mambafuzz.exit_codes import ToolError, one_line
+from mambafuzz.model.scenario import VOCAB_SIZE, Scenario, ScenarioError, ample_pool_blocks
+from mambafuzz.model.step_plan import BOUND, StepPlan
+from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.sim.cache_audit import BlockAuditor
+from mambafuzz.sim.connector import ExternalHit
+from mambafuzz.sim.engine_core import Batch, BatchQueue
+from mambafuzz.sim.hash_book import HashBook
+from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
+from mambafuzz.sim.state import PrefixStates, next_token
+from mambafuzz.sim.trace import Admission, BatchEvent, Chunk, Crash, SlotWrite, StepRecord, Trace
+from mambafuzz.sim.vllm_compat import VllmUnsupported
+from mambafuzz.sim.worker_mirror import WorkerMirror, accepted_count, extend_truth
+
+
+@dataclass
+class _Live:
+    """The harness's view of one request: its true token history and its truth."""
+
+    index: int
+    truth: PrefixStates
+    req: Any  # vLLM's Request (the session keeps it after vLLM drops it)
+    first_chunk_pending: bool = False
+    prefill_len: int = 0  # tokens at the last (re)admission: V2's `prefill_len`
+    # Tokens the worker holds for the request: the scheduler's count at (re)admission (V1
+    # `_update_states` recovers a resumed request's outputs from `all_token_ids`; V2 re-adds it
+    # whole), then each forward's sampled tokens. Under async scheduling it runs ahead of vLLM's
+    # Request, which learns a batch's tokens only when the engine core applies its output.
+    known: int = 0
+    # Async scheduling: the drafts the worker's drafter proposed after the request's last row. The
+    # scheduler schedules `-1` placeholders (AsyncScheduler._update_after_schedule) and the worker
+    # feeds its own proposals in their place.
+    drafts: list[int] = field(default_factory=list)
+
+
+def vllm_frame(exc: BaseException) -> str:
+    """Where in vLLM `exc` was raised: its innermost vLLM frame ("outside-vllm" when none);
+    the harness and the engine replay locate a crash by it."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/vllm/" in f.filename]
+    if not frames:
+        return "outside-vllm"
+    f = frames[-1]
+    path = f.filename[f.filename.rfind("/vllm/") + 1 :]
+    return f"{path}:{f.lineno} in {f.name}"
+
+
+class SchedulerContractError(Exception):
+    """vLLM's SchedulerOutput asks the worker for something no worker can run. A finding located
+    at the scheduler's output, with the broken rule (`contract`) as its mechanism, not a tool
+    failure: a GPU worker would run it on garbage. Checked before the harness uses the state."""
+
+    location = "scheduler-output"
+
+    def __init__(self, contract: str, message: str):
+        super().__init__(message)
+        self.contract = contract
+
+    def crash(self, step: int) -> Crash:
+        return Crash("SchedulerContract", str(self), self.location, step, self.contract)
+
+
+SCHEDULER_OUTPUT = SchedulerContractError.location
+STALE_OUTPUT_CHANGES_NOTHING = "stale-output-changes-nothing"  # the rule a StaleDeliveryError breaks
+
+
+class StaleDeliveryError(SchedulerContractError):
+    """update_from_output applied a batch's output to a request preempted after that batch was
+    scheduled, and moved its counters: the stale share must change nothing (AsyncScheduler
+    `_update_request_with_output(is_stale=True)`, Scheduler.update_from_output's stale branch)."""
+
+    location = "stale-delivery"
+
+
+# vLLM's contract for one scheduled row, each rule by name (the finding's mechanism):
+ROW_WITHIN_TOKENS = "row-within-tokens"  # the row covers tokens its request has
+ROW_VERIFIES_DRAFTS = "row-verifies-drafts"  # drafts follow at least one real token, whose output checks the first
+ROW_STATE_IN_TABLE = "row-state-in-table"  # the mamba block table holds the block the row's state goes to
+
+
+def check_row(rid: str, start: int, num_tokens: int, num_drafts: int, request_tokens: int,
+              table: list[int], block_size: int | None) -> None:
+    """Raise SchedulerContractError when a row breaks vLLM's contract with its worker, before
+    the harness uses the row. A negative count fails the first rule. A row of drafts alone (a
+    rollback that left too many tokens computed) made the harness index past the row's outputs,
+    and a table without the row's state block (column cdiv(start + num_tokens, block_size) - 1 in
+    align mode, 0 with `block_size` None: no prefix caching) past the table: tool failures on a
+    vLLM bug."""
+    end = start + num_tokens - num_drafts
+    if not 0 <= start <= end <= request_tokens:
+        raise SchedulerContractError(ROW_WITHIN_TOKENS, f"{rid} is scheduled for tokens {start}..{end} "
+                                     f"(+{num_drafts} drafts) but has {request_tokens} tokens")
+    if num_drafts and start == end:
+        raise SchedulerContractError(ROW_VERIFIES_DRAFTS, f"{rid} is scheduled for {num_drafts} draft(s) at token "
+                                     f"{start} and no token of its own to verify them with")
+    column = -(-(start + num_tokens) // block_size) - 1 if block_size else 0
+    if column >= len(table):
+        raise SchedulerContractError(ROW_STATE_IN_TABLE, f"{rid} is scheduled up to token {start + num_tokens} (state "
+                                     f"block column {column}) but its mamba block table has {len(table)} block(s)")
+
+
+class HarnessError(ToolError):
+    """mambafuzz's own simulation raised, with no vLLM frame on the stack: a tool failure, never a
+    `vllm_crash` finding.  (It may still point at a vLLM inconsistency, e.g. a block table too
+    short for the tokens scheduled; the input is kept so a person can tell.)"""
+
+
+def _crash_or_tool_error(exc: Exception, step: int) -> Crash:
+    """A vLLM crash located by vLLM's innermost frame; our own exception is a HarnessError."""
+    where = vllm_frame(exc)
+    if where == "outside-vllm":
+        raise HarnessError(f"the harness itself raised {one_line(exc, where=True)} (step {step}); "
+                           "a tool failure, not a vLLM crash") from exc
+    return Crash(type(exc).__name__, (str(exc).splitlines() or [""])[0], where, step)
+
+
+DEFAULT_TIMEOUT = float(os.environ.get("MAMBAFUZZ_SCENARIO_TIMEOUT", "60"))
+
+
+class _WallClockExceeded(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _WallClockExceeded()
+
+
+def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "fixed",
+        prefix_caching: bool = True, timeout: float | None = None) -> Trace:
+    """Run `scenario` once; `split` replaces Scheduler._mamba_block_aligned_split if given.
+
+    Bounded twice: by the scenario's step bound (liveness) and by a wall-clock `timeout`
+    (checked every step, with a SIGALRM backstop for a hang inside one vLLM call)."""
+    engine = scenario.engine
+    if not prefix_caching:
+        engine = engine.without_prefix_caching()
+    num_blocks = engine.num_gpu_blocks or ample_pool_blocks(scenario)
+    plan = StepPlan.of(scenario)
+    trace = Trace(split=split_name, prefix_caching=prefix_caching, step_bound=plan.bound,
+                  mixer=scenario.engine.mixer,
+                  mamba_block_size=engine.mamba_block_size,
+                  internal_checkpoints=engine.enable_prefix_caching and engine.num_prefill_checkpoint_blocks > 0,
+                  prompt_lens={rid: scenario.prompt_len(i) for i, rid in enumerate(plan.ids)},
+                  token_budget=engine.max_num_batched_tokens,
+                  long_prefill_threshold=engine.long_prefill_token_threshold)
+    try:
+        session = vb.SchedulerSession(engine, num_blocks, scenario.max_model_len(), split, scenario.uses_connector)
+    except vb.ConfigRejected as exc:
+        raise ScenarioError([str(exc)]) from None
+    except VllmUnsupported:
+        raise
+    except Exception as exc:  # vLLM failed to build a scheduler for a config it accepted
+        trace.crash = _crash_or_tool_error(exc, -1)
+        return trace
+    trace.runner = session.runner
+    trace.async_scheduling, trace.batch_queue_depth = session.async_scheduling, session.batch_queue_depth
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    runner = _Runner(scenario, plan, session, trace, prefix_caching, time.monotonic() + timeout)
+    use_alarm = timeout > 0 and threading.current_thread() is threading.main_thread()
+    if use_alarm:
+        # `_signal` is the C module under `signal`: the same calls, without the enum conversions
+        # (they cost more than the rest of a run's set-up).
+        previous = _signal.signal(_signal.SIGALRM, _on_alarm)
+        _signal.setitimer(_signal.ITIMER_REAL, timeout + 5)
+    try:
+        runner.run()
+    except _WallClockExceeded:
+        trace.timed_out = True
+    finally:
+        if use_alarm:
+            _signal.setitimer(_signal.ITIMER_REAL, 0)
+            _signal.signal(_signal.SIGALRM, previous)
+    return trace
+
+
+class _Runner:
+    def __init__(self, scenario: Scenario, plan: StepPlan, session: vb.SchedulerSession, trace: Trace,
+                 prefix_caching: bool, deadline: float = float("inf")):
+        self.deadline = deadline
+        self.s = scenario
+        self.session = session
+        self.trace = trace
+        self.prefix_caching = prefix_caching
+        self.ids = plan.ids
+        self.live: dict[str, _Live] = {}
+        e = scenario.engine
+        sched = session.scheduler
+        self.spec = e.uses_spec_decode
+        self.model = KernelModel(KernelGeometry(
+            block_size=e.mamba_block_size,
+            hash_block_size=session.hash_block_size,
+            checkpoint_alignment=e.prefill_checkpoint_alignment if (prefix_caching and e.num_prefill_checkpoint_blocks) else None,
+            cache_hit_alignment_tokens=session.cache_hit_alignment_tokens,
+            drop_eagle_block=bool(getattr(sched, "use_eagle_block_drop", False)),
+            null_block_id=session.null_block_id,
+            vocab_size=VOCAB_SIZE,
+            spec_engine=self.spec,
+            num_speculative_tokens=e.num_speculative_tokens,
+            align=prefix_caching,
+        ), runner=session.runner, mixer=scenario.engine.mixer, first_use=(session.allocated_blocks, session.reused_blocks))
+        self.mirror = WorkerMirror((self.model,), self.spec)
+        self.plan = plan
+        self.book = HashBook(session.hash_block_size)
+        self.auditor = BlockAuditor(self.book, self.model, e.mamba_block_size)
+        # live requests not admitted yet, or preempted since: the only ones an admission can be
+        self.unadmitted: set[str] = set()
+        self.known_entries: set[tuple[bytes, int]] = set()
+        # the last full scan of the cache's mamba keys, and the key-map version it saw
+        self._scanned: list = []
+        self._scanned_blocks: set[int] = set()
+        self._scanned_version = -1
+        self.accepted_reset: set[str] = set()  # V1 forgot their accepted count; not scheduled since
+        self.async_mode = session.async_scheduling
+        self.queue = BatchQueue(session.batch_queue_depth)  # the engine core's batches in flight
+        self._in_flight_step = -1
+        self._step: tuple = ()  # (record, batch event, admissible requests) of the step running
+        self._state_block_size = e.mamba_block_size if prefix_caching else None  # check_row's grid
+        self.in_flight_aborts: list[str] = []  # delivered by the aborts queue at the next update
+        if self.async_mode:
+            session.cache_keys_version()  # install the key watch before the first schedule()
+        self.connector = session.connector if prefix_caching else None  # it sees nothing without prefix caching
+        if self.connector is not None:
+            self.connector.plan = {
+                rid: ExternalHit(r.external_tokens, r.external_async)
+                for rid, r in zip(self.ids, scenario.requests) if r.external_tokens
+            }
+
+    # ---- main loop -------------------------------------------------------------------
+    def run(self) -> None:
+        step = 0
+        try:
+            while True:
+                end = self.plan.end(step, self.session.has_unfinished() or bool(self.queue))
+                if end is not None:
+                    self.trace.hit_bound = end == BOUND
+                    break
+                if time.monotonic() > self.deadline:
+                    self.trace.timed_out = True
+                    break
+                self._engine_step(step)
+                step += 1
+        except _WallClockExceeded:
+            self.trace.timed_out = True
+        except VllmUnsupported:
+            raise
+        except SchedulerContractError as exc:
+            self.trace.crash = exc.crash(step)
+        except Exception as exc:
+            self.trace.crash = _crash_or_tool_error(exc, step)
+        if self.prefix_caching and self.trace.crash is None and not self.trace.timed_out:
+            self._check_audit_view()
+        for rid in self.ids:
+            req = self.session.request(rid)
+            if rid in self.live:  # what vLLM's Request kept: a worker may run past a stop under async
+                self.trace.outputs[rid] = self.live[rid].truth.tokens[self.s.prompt_len(self.live[rid].index):req.num_tokens]
+            if req is not None and not req.is_finished():
+                self.trace.unfinished.append(rid)
+
+    def _engine_step(self, step: int) -> None:
+        """One engine-core step (mambafuzz.sim.engine_core.BatchQueue): take the input queue, then
+        `EngineCore.step` (schedule, forward, apply) or, under async scheduling,
+        `EngineCore.step_with_batch_queue` (schedule and start the forward while the queue has
+        room, else apply the oldest batch's output)."""
+        rec = StepRecord(step)
+        self.trace.steps.append(rec)
+        self._take_input(rec, step)
+        event = None
+        if self.async_mode:
+            event = self.trace.batches[step] = BatchEvent(in_flight=len(self.queue.in_flight))
+            self.session.take_inserted()
+        waiting = sorted(rid for rid in self.unadmitted if self._running(rid)) if self.unadmitted else ()
+        self._step = (rec, event, waiting)  # what the queue's callbacks (bound once) work on
+        self.queue.step(self.session, self._on_forward, self._on_apply)
+        if self.plan.in_flight_aborts_at:
+            self._take_in_flight_aborts(step)  # a step that ran no batch: they wait for the next input
+        if self.prefix_caching:
+            self._audit_cache(rec)
+
+    def _on_forward(self, batch: Batch) -> None:
+        rec, event, waiting = self._step
+        if event is not None:
+            event.scheduled, event.published = batch.index, tuple(self.session.take_inserted())
+        self._forward(rec, batch, waiting)
+        if self.plan.in_flight_aborts_at:
+            self._take_in_flight_aborts(rec.step)
+        if event is not None:
+            event.in_flight = len(self.queue.in_flight) + 1
+
+    def _on_apply(self, batch: Batch) -> None:
+        rec, event, _ = self._step
+        if self.plan.in_flight_aborts_at:
+            self._take_in_flight_aborts(rec.step)
+        if event is not None:
+            self.session.take_inserted()
+        self._apply(rec, batch)
+        if event is not None:
+            event.applied, event.published_on_update = batch.index, tuple(self.session.take_inserted())
+
+    def _take_in_flight_aborts(self, step: int) -> None:
+        """Aborts that arrive while `step`'s batch executes join the aborts queue (once a step)."""
+        if self._in_flight_step != step:
+            self._in_flight_step = step
+            self.in_flight_aborts += self.plan.in_flight_aborts(step, self._running)
+
+    def _take_input(self, rec: StepRecord, step: int) -> None:
+        """What the engine core's input queue delivers before a step: arrivals, then aborts."""
+        session = self.session
+        for i, rid in self.plan.arrivals(step):
+            r = self.s.requests[i]
+            truth = PrefixStates.for_prompt(self.s.prompt_key(i), lambda: self.s.prompt_tokens(i))  # noqa: B023
+            session.add_request(rid, truth.tokens, r.max_tokens, float(step))  # vLLM gets a copy
+            self.live[rid] = _Live(i, truth, session.request(rid))
+            self.unadmitted.add(rid)
+            rec.arrivals.append(rid)
+            if self.async_mode and self.prefix_caching:
+                # schedule() may publish the prompt's blocks before any output of this request is
+                # applied (the audit's book otherwise learns hashes after update_from_output)
+                self.book.learn(rid, session.request(rid).block_hashes, truth)
+        aborts = self.plan.aborts(step, self._running) if self.plan.aborts_at else []
+        if self.in_flight_aborts:  # arrived during the last step's batch, which applied no output
+            aborts += [rid for rid in self._drain_in_flight_aborts() if rid not in aborts]
+        if aborts:
+            self._abort(rec, aborts)
+
+    def _drain_in_flight_aborts(self) -> list[str]:
+        """The aborts queue's requests that are still running; the queue is empty after."""
+        if not self.in_flight_aborts:
+            return []
+        aborts = [rid for rid in self.in_flight_aborts if self._running(rid)]
+        self.in_flight_aborts = []
+        return aborts
+
+    def _abort(self, rec: StepRecord, aborts: list[str]) -> None:
+        self.session.abort(aborts)
+        rec.aborts = rec.aborts + aborts if rec.aborts else aborts
+        for rid in aborts:
+            self.trace.finish_status[rid] = "FINISHED_ABORTED"
+
+    def _forward(self, rec: StepRecord, batch: Batch, waiting_before: Sequence[str]) -> None:
+        """The worker's forward of a batch vLLM just scheduled, on the kernel model; `waiting_before`
+        are the requests that could be admitted by that schedule()."""
+        session = self.session
+        out = batch.out
+        connector_orders = self._drain_connector() if self.connector is not None else {}
+
+        mirror = self.mirror
+        for dst, state in mirror.before_forward(out):
+            rec.writes.append(SlotWrite("-", -1, dst, state, "cow"))
+        preempted = session.preempted(out)
+        if preempted:
+            rec.preempted = sorted(preempted)
+            self.unadmitted.update(preempted)
+
+        scheduled = out.num_scheduled_tokens
+        spec_tokens = session.spec_tokens(out)
+        for rid in waiting_before:
+            req = session.request(rid)
+            if req is None or (not req.num_computed_tokens and rid not in scheduled):
+                continue
+            n = scheduled.get(rid, 0)
+            start = req.num_computed_tokens - n
+            order = connector_orders.get(rid)
+            ext = order.num_external_tokens if order else 0
+            rec.admissions.append(Admission(rid, start - ext, ext, bool(order and order.load_async)))
+            self.trace.prefix_hit_tokens += start - ext
+            self.unadmitted.discard(rid)
+            live = self.live[rid]
+            live.first_chunk_pending = True
+            live.prefill_len = live.known = req.num_tokens
+            live.drafts = []  # a (re)added request has no proposals on the worker
+            if order is not None and not order.load_async:
+                self._connector_load(rec, rid, start)
+
+        sampled = batch.sampled
+        correction = self.queue.worker_corrections(session, out) if self.async_mode else {}
+        if scheduled:
+            self.trace.forward_steps += 1
+        if self.spec:  # accepted-token counts exist only in a spec-decode engine
+            self.accepted_reset.update(mirror.begin_step(scheduled))
+            for rid in self.accepted_reset.intersection(scheduled):
+                self.trace.after_accepted_reset.add((rec.step, rid))
+                self.accepted_reset.discard(rid)
+        for rid in scheduled:  # dict order is the batch order vLLM built
+            sampled[rid] = self._run_row(rec, rid, scheduled[rid], spec_tokens.get(rid, []), batch,
+                                         correction.get(rid, 0))
+
+        recv_done = {rid for rid, o in connector_orders.items() if o.load_async} if connector_orders else set()
+        if recv_done:
+            for rid in sorted(recv_done):
+                req = session.request(rid)
+                if req is not None and vb.is_waiting_for_remote_kv(req):
+                    self._connector_load(rec, rid, req.num_computed_tokens)
+            rec.recv_done = sorted(recv_done)
+        batch.recv_done = recv_done
+
+    def _apply(self, rec: StepRecord, batch: Batch) -> None:
+        """The engine core hands a batch's output to the scheduler (`update_from_output`), after the
+        aborts that arrived while it executed (`EngineCore._process_aborts_queue`)."""
+        aborts = self._drain_in_flight_aborts() if self.in_flight_aborts else None
+        if aborts:
+            self.trace.in_flight_aborts.update((rec.step, rid) for rid in aborts)
+            self._abort(rec, aborts)
+        session = self.session
+        before = {}
+        for rid in batch.stale:
+            req = session.request(rid)
+            if req is not None and not req.is_finished():
+                before[rid] = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
+        session.feed(batch.out, batch.sampled, batch.recv_done)
+        for rid, counts in before.items():
+            req = session.request(rid)
+            now = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
+            if now != counts and not req.is_finished():
+                raise StaleDeliveryError(
+                    STALE_OUTPUT_CHANGES_NOTHING, f"batch {batch.index}'s stale output for {rid} (preempted after it was scheduled) moved "
+                    f"num_computed_tokens/num_output_placeholders from {counts} to {now}")
+        self._after_update(rec, batch.scheduled)
+
+    # ---- pieces ----------------------------------------------------------------------
+    def _running(self, rid: str) -> bool:
+        """Arrived and not finished."""
+        live = self.live.get(rid)
+        return live is not None and not live.req.is_finished()
+
+    def _drain_connector(self) -> dict:
+        """The connector's orders of this step's schedule, by request."""
+        orders = {o.request_id: o for o in self.connector.orders}
+        self.connector.orders.clear()
+        return orders
+
+    def _connector_load(self, rec: StepRecord, rid: str, num_tokens: int) -> None:
+        state = self.live[rid].truth.at(num_tokens)
+        block = self.mirror.load((self.session.mamba_block_ids(rid),), num_tokens, state)
+        rec.writes.append(SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
+
+    def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int], batch: Batch,
+                 correction: int = 0) -> list[int]:
+        live = self.live[rid]
+        req, truth = live.req, live.truth
+        num_drafts = len(drafts)
+        # schedule() already advanced the count; under async it also counted the previous batch's
+        # drafts as accepted, which the worker corrects (`correction`, BatchQueue.worker_corrections)
+        start = req.num_computed_tokens - n - correction
+        if self.async_mode:
+            if drafts:  # placeholders: the worker feeds its drafter's proposals in their place
+                own = live.drafts[:num_drafts]
+                drafts = own + drafts[len(own):]
+        else:
+            live.known = req.num_tokens
+        known = live.known
+        end = start + n - num_drafts  # the row's real tokens end here; its drafts follow
+        tables = (self.session.mamba_block_ids(rid),)
+        check_row(rid, start, n, num_drafts, known, tables[0], self._state_block_size)
+        num_prompt = req.num_prompt_tokens
+        spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, truth, num_prompt,
+                                            live.prefill_len or num_prompt)
+        read_column, read_block, read_state, outputs, writes = row
+        if spec_row:
+            self.trace.spec_rows.add((rec.step, rid))
+        first = live.first_chunk_pending
+        live.first_chunk_pending = False
+        rec.chunks.append(Chunk(rid, start, n, num_drafts, read_column, read_block, read_state, truth.at(start),
+                                first, first and start > 0))
+        recorded = rec.writes
+        for col, block, state, cause in writes:
+            recorded.append(SlotWrite(rid, col, block, state, cause))
+        if end < known:  # a partial prefill samples nothing
+            sampled: list[int] = []
+        elif not drafts:
+            sampled = [outputs[-1]]
+        else:
+            sampled = self._accept(outputs[-num_drafts - 1 :], drafts)
+            batch.rejected[rid] = num_drafts + 1 - len(sampled)
+        if self.async_mode:  # the worker knows its tokens before the scheduler does
+            if sampled:
+                live.known = end + len(sampled)
+                if live.known > len(truth.tokens):
+                    truth.append(sampled[len(truth.tokens) - end:])
+            # the drafter proposes after a row that sampled; otherwise nothing stands behind the
+            # next row's placeholders
+            live.drafts = self._propose(live, rec.step, live.known) if self.spec and sampled else []
+        if self.spec:
+            for col, block, state, cause in self.mirror.postprocess(rid, tables, start, n, num_drafts,
+                                                                    accepted_count(sampled)):
+                recorded.append(SlotWrite(rid, col, block, state, cause))
+        return sampled
+
+    @staticmethod
+    def _accept(outputs: list[int], drafts: list[int]) -> list[int]:
+        """Greedy verification: keep drafts while they match the model, then its own token."""
+        sampled = []
+        for i, d in enumerate(drafts):
+            sampled.append(outputs[i])
+            if outputs[i] != d:
+                return sampled
+        sampled.append(outputs[len(drafts)])
+        return sampled
+
+    def _after_update(self, rec: StepRecord, scheduled: dict[str, int]) -> None:
+        drafts: dict[str, list[int]] = {}
+        step = rec.step
+        done = self.trace.finish_status
+        # The cache audit's hash book learns each request's new hashes in request order (the first
+        # request to produce a hash is the one its entries name). A request finished or aborted
+        # at an earlier step has nothing new; one aborted this step still has its prompt's hashes.
+        learn = self.prefix_caching
+        aborted_now = rec.aborts
+        for rid, live in self.live.items():
+            if rid in done:
+                if learn and aborted_now and rid in aborted_now:
+                    self.book.learn(rid, live.req.block_hashes, live.truth)
+                continue
+            req = live.req
+            extend_truth(live.truth, req)
+            if learn:
+                self.book.learn(rid, req.block_hashes, live.truth)
+            if req.is_finished():
+                if rid not in self.trace.finish_status:
+                    self.trace.finish_status[rid] = req.status.name
+                    rec.finished.append(rid)
+                continue
+            # EngineCore.post_step hands the drafter's proposals to the scheduler only when
+            # synchronous; under async they stay on the worker (_run_row)
+            if (self.spec and not self.async_mode and rid in scheduled and req.num_computed_tokens >= req.num_tokens - 1
+                    and req.num_output_tokens > 0):
+                drafts[rid] = self._propose(live, step, len(live.truth))
+        self.session.set_drafts(drafts)
+
+    def _propose(self, live: _Live, step: int, length: int) -> list[int]:
+        """A drafter that knows the true model: after the request's first `length` tokens, its first
+        `acceptance` guesses are right."""
+        k = self.s.engine.num_speculative_tokens
+        acc = self.s.acceptance[step % len(self.s.acceptance)] if self.s.acceptance else k
+        state = live.truth.at(length)
+        out = []
+        for i in range(k):
+            tok = next_token(state, VOCAB_SIZE)
+            if i >= acc:
+                tok = tok % (VOCAB_SIZE - 1) + 1  # a guess the model will reject
+            out.append(tok)
+            state = state.extend([tok])
+        return out
+
+    def _audit_cache(self, rec: StepRecord) -> None:
+        """Record the mamba cache entries whose verdict may have changed this step: new keys, and
+        keys on blocks the kernel model wrote. A key's claim never changes and a block's held state
+        changes only by a write, so an entry judged before keeps its verdict until one of these.
+        While no key was added or removed, the last scan's entries (all judged) still hold."""
+        written = self.model.take_dirty()
+        version = self.session.cache_keys_version()
+        if version == self._scanned_version:
+            if not written or written.isdisjoint(self._scanned_blocks):
+                return
+            changed = [(key, block) for key, block in self._scanned if block.block_id in written]
+            self._describe(rec, changed, self.known_entries)
+            return
+        scanned = list(self.session.cached_mamba_blocks())
+        seen = {(key, block.block_id) for key, block in scanned}
+        known = self.known_entries
+        self._describe(rec, [(key, block) for key, block in scanned
+                             if (key, block.block_id) not in known or block.block_id in written], known)
+        self.known_entries = seen
+        self._scanned, self._scanned_version = scanned, version
+        self._scanned_blocks = {block.block_id for _, block in scanned}
+
+    def _check_audit_view(self) -> None:
+        """Tripwire for the incremental audit: at the end of a run the cache's mamba keys must be
+        the ones the last scan saw, unless the change counter says they moved since. If not,
+        this vLLM changes its prefix cache in a way the bridge does not count, and the audit
+        would miss entries: a tool failure, not a clean run."""
+        if self.session.cache_keys_version() != self._scanned_version:
+            return
+        actual = {(key, block.block_id) for key, block in self.session.cached_mamba_blocks()}
+        if actual != self.known_entries:
+            raise HarnessError(f"the cache audit saw {len(self.known_entries)} mamba cache entries but the cache "
+                               f"holds {len(actual)}: this vLLM changes its prefix cache in a way "
+                               "SchedulerSession.cache_keys_version does not count")
+
+    def _describe(self, rec: StepRecord, pairs: list, known: set[tuple[bytes, int]]) -> None:
+        """Append a cache entry per (key, block) in `pairs`; those not in `known` are new."""
+        describe = self.auditor.entry
+        for key, block in pairs:
+            new = (key, block.block_id) not in known
+            entry = vb.SchedulerSession.mamba_entry(key, block)
+            if new:
+                self.trace.hashed_snapshots += 1
+            rec.cache.append(describe(entry.block_hash, entry.block_id, entry.primary, entry.claimed_tokens, new))

@@ -1,0 +1,278 @@
+"""The simulated model runner: which state each physical mamba block holds, step by step.
+
+The runner's row facts come from mambafuzz/sim/runners.py (one class per vLLM model runner) and the
+row's kernel path from mambafuzz/sim/mixers.py (one class per mixer family). This module applies them,
+and the worker-side rules both runners share (paths inside the installed `vllm`):
+
+- zeroing fresh blocks: `SchedulerOutput.new_block_ids_to_zero`, applied before anything else
+  (vLLM records attention blocks only: mamba blocks are never zeroed); a block nobody wrote
+  holds the zeros the KV cache was allocated with until the pool hands it out a second time;
+- copy-on-write: `SchedulerOutput.kv_cache_block_copies` (worker `_apply_kv_cache_block_copies`),
+  applied after zeroing and before the forward;
+- running column (align mode): v1/worker/mamba_utils.py `preprocess_mamba` (V2:
+  `preprocess_mamba_align_fused_kernel`): `curr = cdiv(num_computed + num_scheduled, block_size) - 1`;
+  v1/attention/backends/utils.py `mamba_get_block_table_tensor` hands the kernels the columns
+  from there on. With prefix caching off (`mamba_cache_mode="none"`) the kernels get the
+  request's own 1 + k blocks from column 0 and no copies run;
+- pre-forward copy (align mode): when the remembered column `prev` (or `(num_computed - 1) //
+  block_size` for a request the worker does not know) differs from `curr`, copy
+  `table[prev + num_accepted - 1]` into `table[curr]` and reset num_accepted to 1 (V1
+  `preprocess_mamba`; V2 `precopy_mamba_align_fused_kernel`);
+- the forward: mambafuzz/sim/mixers.py SPEC (read column `curr + num_accepted - 1`, store the state after
+  token t in column `curr + t`) or PREFILL (read `curr`, zeros when nothing is computed; store
+  only the final state, drafts included, in `curr`); no state is stored at block boundaries
+  inside a chunk;
+- post-forward copy (spec-decode engines, align mode): mamba_utils.py
+  `postprocess_mamba_fused_kernel` (V1 directly, V2 through `run_fused_postprocess_align`): when
+  the accepted tokens cross a block boundary `aligned`, copy `table[curr + aligned - (c + 1)]`
+  into `table[aligned // block_size - 1]`;
+- internal prefill checkpoint (mixers with `num_prefill_checkpoint_blocks`):
+  layers/mamba/checkpoint.py `compute_mamba_prefill_checkpoints`, applied to every prefill row;
+- writes to the null block are dropped (kernels skip slot ids <= 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from mambafuzz.sim.mixers import SPEC, mixer_rules
+from mambafuzz.sim.runners import RowFacts, runner_rules
+from mambafuzz.sim.state import EMPTY, PrefixStates, State, next_token
+from mambafuzz.sim.vllm_compat.api import get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid
+
+ZEROED = State(-1, 0)  # a freshly zeroed block: holds no state of any prefix
+UNSET = State(-2, 0)  # a block the model never saw written
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class KernelGeometry:
+    block_size: int
+    hash_block_size: int
+    checkpoint_alignment: int | None  # None: the mixer writes no internal checkpoint
+    cache_hit_alignment_tokens: int
+    drop_eagle_block: bool
+    null_block_id: int
+    vocab_size: int
+    spec_engine: bool = False  # a speculative-decoding engine (MTP/EAGLE)
+    num_speculative_tokens: int = 0
+    align: bool = True  # mamba_cache_mode "align" (prefix caching on); False: "none"
+
+
+class RowResult(NamedTuple):
+    """What one request's row did in one forward."""
+
+    read_column: int
+    read_block: int
+    read_state: State
+    outputs: list[int]  # the model's greedy token after each scheduled position
+    writes: list[tuple[int, int, State, str]]  # (column, block, state, cause)
+
+
+class KernelModel:
+    def __init__(self, geometry: KernelGeometry, runner: str = "v1", mixer: str = "gdn",
+                 first_use: tuple[set[int], set[int]] | None = None):
+        """`first_use`, when given, is the pool's live (allocated, reused) block-id sets: a block
+        allocated once and never written still holds the cache's initial zeros."""
+        self.g = geometry
+        self.runner = runner_rules(runner)
+        # Asked at the first step of a spec-decode run, then kept: a model lives for one run,
+        # and patches are applied before it starts.
+        self._resets_accepted: bool | None = None
+        self.mixer = mixer_rules(mixer)
+        self.allocated, self.reused = first_use or (set(), set())
+        self.held: dict[int, State] = {}
+        self.dirty: set[int] = set()
+        self._prev_column: dict[str, int] = {}  # worker's mamba_state_idx
+        self._num_accepted: dict[str, int] = {}  # worker's num_accepted_tokens_cpu
+
+    def state_of(self, block_id: int) -> State:
+        state = self.held.get(block_id)
+        if state is None:  # never written: zeros on its first owner, else its last user's bytes
+            return ZEROED if block_id in self.allocated and block_id not in self.reused else UNSET
+        return state
+
+    def _write(self, block_id: int, state: State) -> bool:
+        if block_id <= self.g.null_block_id:
+            return False
+        self.held[block_id] = state
+        self.dirty.add(block_id)
+        return True
+
+    def take_dirty(self) -> set[int]:
+        """Blocks written since the last call: the only ones whose held state can have changed."""
+        dirty = self.dirty
+        if dirty:
+            self.dirty = set()
+        return dirty
+
+    def worker_state(self, rid: str) -> tuple[int | None, int]:
+        """What the worker keeps for `rid` between rows: its running column (V1's
+        `mamba_state_idx`; None before the request's first row) and its accepted-token count
+        (`num_accepted_tokens_cpu`, 1 when unknown). Read by the conformance check."""
+        return self._prev_column.get(rid), self._num_accepted.get(rid, 1)
+
+    # ---- per-step, before any row --------------------------------------------------
+    def forget_requests(self, request_ids: set[str]) -> None:
+        for rid in request_ids:
+            self._prev_column.pop(rid, None)
+            self._num_accepted.pop(rid, None)
+
+    def zero_blocks(self, block_ids: list[int]) -> None:
+        for b in block_ids:
+            self._write(b, ZEROED)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """CoW copies of every group (their sources are published blocks, so written ones for
+        the mamba group): what the model wrote is copied, nothing is inferred."""
+        for src, dst in copies:
+            self._write(dst, self.held.get(src, UNSET))
+
+    def load_external(self, table: list[int], num_tokens: int, state: State) -> int:
+        """A connector load: the state after `num_tokens` lands in that position's column."""
+        column = cdiv(num_tokens, self.g.block_size) - 1
+        self._write(table[column], state)
+        return table[column]
+
+    # ---- one request's row --------------------------------------------------------
+    def begin_step(self, scheduled: set[str] | dict[str, int]) -> list[str]:
+        """Before this step's rows: V1 forgets the accepted-token count of every request it did
+        not schedule (see runners.V1Runner), V2 keeps it. Returns the requests whose count
+        this changed (it was above 1)."""
+        reset = []
+        if self._resets_accepted is None:
+            self._resets_accepted = self.runner.resets_accepted_when_unscheduled
+        if self._resets_accepted:
+            accepted = self._num_accepted
+            for rid, count in accepted.items():
+                if rid not in scheduled and count != 1:
+                    accepted[rid] = 1
+                    reset.append(rid)
+        return reset
+
+    def is_spec_row(self, num_computed: int, num_scheduled: int, num_drafts: int, num_prompt_tokens: int,
+                    prefill_len: int | None = None) -> bool:
+        """Whether this row runs the multi-token (SPEC) kernel: the runner's row facts
+        (mambafuzz/sim/runners.py), classified by the mixer's metadata builder (mambafuzz/sim/mixers.py)."""
+        g = self.g
+        facts = RowFacts(num_computed, num_scheduled, num_drafts, num_prompt_tokens,
+                         num_prompt_tokens if prefill_len is None else prefill_len)
+        inputs = self.runner.builder_inputs(facts, g.spec_engine, g.num_speculative_tokens)
+        return self.mixer.path(inputs, num_computed, num_scheduled, g.spec_engine, g.num_speculative_tokens) == SPEC
+
+    def run_row(self, rid: str, table: list[int], num_computed: int, tokens: list[int], num_drafts: int,
+                spec_row: bool = False, truth: PrefixStates | None = None) -> RowResult:
+        """Run `tokens` (the last `num_drafts` of them speculative) from `num_computed`;
+        `spec_row` selects the speculative kernel path (see `is_spec_row`). `truth`, the request's
+        true prefix states (whose tokens from `num_computed` on are `tokens` without the drafts),
+        only makes extending a state cheaper; it never changes a result."""
+        num_tokens = len(tokens)
+        num_real = num_tokens - num_drafts
+
+        def through(state: State, count: int) -> State:
+            """`state` extended by this row's first `count` tokens."""
+            if truth is not None and count <= num_real:
+                return truth.span(state, num_computed, num_computed + count)
+            return state.extend(tokens[:count])
+
+        g = self.g
+        bs = g.block_size
+        seq_len = num_computed + num_tokens
+        accepted = self._num_accepted.get(rid, 1)
+        writes: list[tuple[int, int, State, str]] = []
+        if g.align:
+            curr = cdiv(seq_len, bs) - 1
+            prev = self._prev_column.get(rid, (num_computed - 1) // bs)
+            if prev != -1 and prev != curr:
+                src_col = prev + accepted - 1
+                state = self.state_of(table[src_col]) if 0 <= src_col < len(table) else UNSET
+                if self._write(table[curr], state):
+                    writes.append((curr, table[curr], state, "precopy"))
+                accepted = 1
+            self._prev_column[rid] = curr
+        else:  # mamba_cache_mode "none": the request's own blocks, from column 0, no copies
+            curr = 0
+        self._num_accepted[rid] = accepted
+
+        if not spec_row:
+            read_col = curr
+            block = table[curr]
+            start = self.state_of(block) if num_computed > 0 else EMPTY
+            if not num_drafts:  # the sampler reads the last position only
+                final = through(start, num_tokens)
+                outputs = [next_token(final, g.vocab_size)]
+            else:  # ... and every draft position
+                final = through(start, num_real - 1)
+                outputs = []
+                for tok in tokens[num_tokens - num_drafts - 1 :]:
+                    final = final.extend([tok])
+                    outputs.append(next_token(final, g.vocab_size))
+            if self._write(block, final):  # drafts included: the kernel cannot roll them back
+                writes.append((curr, block, final, "chunk-end+drafts" if num_drafts else "chunk-end"))
+            if g.checkpoint_alignment is not None:
+                self._checkpoint(table, num_computed, seq_len, start, writes, through)
+            return RowResult(read_col, block, start, outputs, writes)
+        # the speculative (multi-token) kernel
+        read_col = curr + accepted - 1
+        start = self.state_of(table[read_col]) if read_col < len(table) else UNSET
+        if start == ZEROED and num_computed == 0:
+            start = EMPTY  # no mask, but zeros are exactly the initial state
+        state = start
+        outputs = []
+        for t, tok in enumerate(tokens):
+            state = state.extend([tok])
+            if curr + t < len(table) and self._write(table[curr + t], state):
+                writes.append((curr + t, table[curr + t], state, "spec-token"))
+            outputs.append(next_token(state, g.vocab_size))
+        return RowResult(read_col, table[read_col] if read_col < len(table) else -1, start, outputs, writes)
+
+    def _checkpoint(self, table: list[int], num_computed: int, seq_len: int, start: State,
+                    writes: list[tuple[int, int, State, str]], through: Callable[[State, int], State]) -> None:
+        """A prefill row's internal checkpoint, when vLLM's checkpoint rule places one in it."""
+        position = get_mamba_prefill_checkpoint_position(
+            seq_len, self.g.cache_hit_alignment_tokens, drop_eagle_block=self.g.drop_eagle_block
+        )
+        if not is_mamba_prefill_checkpoint_valid(
+            query_start=num_computed, query_end=seq_len, checkpoint_position=position,
+            hash_block_size=self.g.hash_block_size, mamba_block_size=self.g.block_size,
+            checkpoint_alignment=self.g.checkpoint_alignment,
+        ):
+            return
+        column = cdiv(seq_len, self.g.block_size) - 2
+        state = through(start, position - num_computed)
+        if self._write(table[column], state):
+            writes.append((column, table[column], state, "checkpoint"))
+
+    def postprocess_spec(self, rid: str, table: list[int], num_computed: int, num_scheduled: int,
+                         num_drafts: int, num_accepted: int) -> list[tuple[int, int, State, str]]:
+        """After a forward in a spec-decode engine (every row, as the fused kernel does): move
+        the state at a crossed block boundary into that boundary's own slot. With prefix caching
+        off only the accepted-token count is kept (V1 `_update_states_after_model_execute`, V2
+        `postprocess_state`)."""
+        if not self.g.align:
+            self._num_accepted[rid] = num_accepted
+            return []
+        bs = self.g.block_size
+        src = self._prev_column[rid]
+        resolved = num_computed + num_scheduled - num_drafts  # tokens whose state is in table[src]
+        new_computed = resolved + num_accepted - 1
+        aligned = new_computed // bs * bs
+        self._num_accepted[rid] = num_accepted
+        writes: list[tuple[int, int, State, str]] = []
+        if aligned < resolved:
+            return writes
+        bias = aligned - resolved
+        dest = aligned // bs - 1
+        if dest == src:
+            self._num_accepted[rid] = 1
+            if bias == 0:
+                return writes
+        state = self.state_of(table[src + bias])
+        if self._write(table[dest], state):
+            writes.append((dest, table[dest], state, "postcopy"))
+        return writes

@@ -1,0 +1,132 @@
+"""What one engine run recorded, step by step: the facts the oracles judge.
+
+The harness only gathers facts (what vLLM scheduled, which block the kernel model read and
+wrote, what the prefix cache claims); the oracles in `oracle.py` decide what is wrong.
+The per-row records are NamedTuples: immutable, and the cheapest records Python builds
+(the harness makes several per scheduled row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from mambafuzz.sim.state import State
+
+
+class Chunk(NamedTuple):
+    request_id: str
+    start: int  # num_computed_tokens when the step began
+    num_tokens: int  # tokens scheduled, drafts included
+    num_drafts: int
+    read_column: int
+    read_block: int
+    read_state: State
+    true_state: State  # the state of the request's own first `start` tokens
+    first_after_admission: bool
+    resumed_from_hit: bool  # start > 0 on the first chunk: a prefix or connector hit
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens - self.num_drafts
+
+
+class SlotWrite(NamedTuple):
+    request_id: str
+    column: int
+    block_id: int
+    state: State
+    cause: str  # "chunk-end", "spec-token", "precopy", "postcopy", "checkpoint", "cow", "connector", "zero"
+
+
+class CacheEntry(NamedTuple):
+    """One prefix-cache key on a mamba block, after the step's forward."""
+
+    block_id: int
+    column: int  # the block-table slot p that the claim corresponds to: cdiv(tokens, block) - 1
+    claimed: State  # what the hash promises: the state after exactly these tokens
+    held: State  # what the kernel model says the block holds
+    claimed_by: str  # the request whose tokens define the hash
+    new: bool  # first seen this step
+    primary: bool
+    recorded_tokens: int | None  # block_hash_num_tokens (primary keys)
+
+
+class Admission(NamedTuple):
+    request_id: str
+    local_hit_tokens: int
+    external_tokens: int
+    external_async: bool
+
+
+@dataclass
+class StepRecord:
+    step: int
+    arrivals: list[str] = field(default_factory=list)
+    aborts: list[str] = field(default_factory=list)
+    admissions: list[Admission] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)
+    writes: list[SlotWrite] = field(default_factory=list)
+    cache: list[CacheEntry] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    recv_done: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BatchEvent:
+    """What the engine core's batch queue did in one step (async scheduling only): the batch it
+    scheduled (and whose forward the kernel model ran), the blocks schedule() published for it,
+    the batch whose output it applied, and the blocks update_from_output published then. A block
+    published at schedule time is written by a forward that, on a GPU, is still in flight."""
+
+    scheduled: int | None = None
+    published: tuple[int, ...] = ()
+    applied: int | None = None
+    published_on_update: tuple[int, ...] = ()
+    in_flight: int = 0  # batches in the queue after this step's schedule()
+
+
+@dataclass
+class Crash:
+    """An exception raised inside vLLM while the harness drove it."""
+
+    exc_type: str
+    message: str
+    vllm_frame: str  # "path/in/vllm.py:line in function", the innermost vLLM frame
+    step: int
+    contract: str = field(default="", repr=False)  # the rule a SchedulerContract crash broke (repr: digests stay)
+
+
+@dataclass
+class Trace:
+    split: str
+    prefix_caching: bool
+    steps: list[StepRecord] = field(default_factory=list)
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+    finish_status: dict[str, str] = field(default_factory=dict)
+    unfinished: list[str] = field(default_factory=list)
+    step_bound: int = 0
+    hit_bound: bool = False
+    timed_out: bool = False  # the wall-clock bound, not the step bound, ended the run
+    crash: Crash | None = None
+    # the engine facts the oracle's signatures need
+    mamba_block_size: int = 0
+    runner: str = ""  # the vLLM model runner the kernel model mirrored ("v1" | "v2")
+    async_scheduling: bool = False  # vLLM's AsyncScheduler under a batch queue, else Scheduler
+    batch_queue_depth: int = 1  # batches the engine core keeps in flight
+    batches: dict[int, BatchEvent] = field(default_factory=dict)  # step -> its batch-queue events (async)
+    in_flight_aborts: set[tuple[int, str]] = field(default_factory=set)  # (step, request) taken before an update
+    mixer: str = ""  # the mixer family ("gdn" | "mamba2")
+    spec_rows: set[tuple[int, str]] = field(default_factory=set)  # (step, request) run on the spec kernel
+    # (step, request) of the first row after V1 reset the request's accepted-token count
+    after_accepted_reset: set[tuple[int, str]] = field(default_factory=set)
+    internal_checkpoints: bool = False  # the mamba spec exports internal prefill checkpoints
+    # what can end a chunk, for the oracle's mechanism (mambafuzz/checks/oracle.py `mechanism`)
+    prompt_lens: dict[str, int] = field(default_factory=dict)
+    token_budget: int = 0  # max_num_batched_tokens
+    long_prefill_threshold: int = 0  # long_prefill_token_threshold (0: off)
+    # efficiency counters, for the differential against a reference split
+    forward_steps: int = 0
+    hashed_snapshots: int = 0
+    prefix_hit_tokens: int = 0

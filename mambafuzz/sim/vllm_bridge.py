@@ -1,0 +1,501 @@
+"""The one module that drives vLLM's internals: config building, scheduler construction,
+request creation, output feeding, and read-only views of the mamba block tables and the
+prefix cache.  Its vLLM names come from `mambafuzz.sim.vllm_compat` (where each release keeps them);
+config knobs a release lacks are dropped when left off, and refuse the input otherwise.
+A vLLM upgrade starts in mambafuzz/sim/vllm_compat/symbols.py, then here.
+
+Everything else in the project talks to `SchedulerSession`, never to vLLM objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from mambafuzz.model.scenario import EngineConfig, knobs  # noqa: E402
+from mambafuzz.sim import patching  # noqa: E402
+from mambafuzz.sim.vllm_compat import features  # noqa: E402
+from mambafuzz.sim.vllm_compat.api import (  # noqa: E402
+    CacheConfig,
+    DraftTokenIds,
+    FullAttentionSpec,
+    KVCacheBlock,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVConnectorOutput,
+    KVTransferConfig,
+    MambaManager,
+    MambaSpec,
+    ModelConfig,
+    ModelRunnerOutput,
+    ParallelConfig,
+    Request,
+    RequestStatus,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+    SpeculativeConfig,
+    StructuredOutputManager,
+    VllmConfig,
+    get_block_hash,
+    get_kv_cache_groups_uniform_page_size,
+    get_mamba_prefill_checkpoint_position,
+    get_request_block_hasher,
+    init_none_hash,
+    is_mamba_prefill_checkpoint_valid,
+    make_block_hash_with_group_id,
+    resolve_kv_cache_block_sizes,
+    sha256,
+)
+from mambafuzz.sim.vllm_compat.resolve import describe_vllm  # noqa: E402
+
+for _name in ("vllm", "vllm.config", "vllm.v1"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
+
+TINY_MODEL_DIR = Path(__file__).parent.parent / "tiny_model"
+CONNECTOR_MODULE = "mambafuzz.sim.connector"
+CONNECTOR_CLASS = "ScenarioConnector"
+ATTN_LAYER = "model.layers.3.self_attn.attn"
+MAMBA_LAYERS = [f"model.layers.{i}.linear_attn" for i in range(3)]
+# The function the fuzzer swaps out; its signature is what `--split mod:fn` must match.
+SPLIT_METHOD = "_mamba_block_aligned_split"
+SplitFn = Callable[..., int]
+
+init_none_hash(sha256)
+
+VLLM = describe_vllm(with_path=False)  # per-input messages; `mambafuzz --version` gives the path
+# Knob values that mean "this release's own behaviour", so a release without the knob can run
+# inputs that leave it there. Retention 0 is "vLLM's default": dense on releases before the knob.
+OFF_VALUES: dict[str, tuple] = {
+    "enable_mamba_shared_prefix_checkpoint": (False,),
+    "prefix_cache_retention_interval": (0, None),
+    "num_prefill_checkpoint_blocks": (0,),
+    "prefill_checkpoint_alignment": (None,),
+}
+PREFILL_CHECKPOINTS = features.has_prefill_checkpoint_rule(
+    MambaSpec, get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid)
+
+
+@lru_cache(maxsize=1)
+def _model_config() -> ModelConfig:
+    # One ModelConfig per process: the first build costs seconds, and its max_model_len
+    # only bounds the scheduler configs built from it.
+    return ModelConfig(model=str(TINY_MODEL_DIR), skip_tokenizer_init=True, max_model_len=16384)
+
+
+_BUILD_KEY_FIELDS = tuple(name for name, k in knobs().items() if k.build_key)
+
+
+def _engine_key(e: EngineConfig, max_model_len: int, connector: bool = True) -> tuple:
+    """What a VllmConfig built from `e` depends on (the knobs declared `build_key`)."""
+    return (*(getattr(e, name) for name in _BUILD_KEY_FIELDS), e.hash_block_size, max_model_len, connector)
+
+
+_VLLM_CONFIGS: dict[tuple, VllmConfig] = {}
+MAX_CACHED_CONFIGS = 32
+
+
+class ConfigRejected(ValueError):
+    """vLLM's own config validation refused the scenario's engine config (bad input, not a finding)."""
+
+
+def vllm_config_for(e: EngineConfig, max_model_len: int, connector: bool = True) -> VllmConfig:
+    """Build (once per distinct config in this process) the VllmConfig vLLM would use; with
+    `connector`, the scenario's KV connector (mambafuzz.sim.connector) is configured as a consumer."""
+    key = _engine_key(e, max_model_len, connector)
+    if key in _VLLM_CONFIGS:
+        _VLLM_CONFIGS[key] = _VLLM_CONFIGS.pop(key)  # most recently used last
+        return _VLLM_CONFIGS[key]
+    model_config = _model_config()
+    cache_config = CacheConfig(**features.fit_kwargs(CacheConfig, dict(
+        block_size=e.mamba_block_size,
+        enable_prefix_caching=e.enable_prefix_caching,
+        mamba_cache_mode="align" if e.enable_prefix_caching else "none",
+        prefix_match_unit=e.prefix_match_unit if e.enable_prefix_caching else None,
+        enable_mamba_shared_prefix_checkpoint=e.enable_mamba_shared_prefix_checkpoint,
+        prefix_cache_retention_interval=e.prefix_cache_retention_interval,
+    ), OFF_VALUES, VLLM))
+    scheduler_config = SchedulerConfig(
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        max_num_seqs=e.max_num_seqs,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=e.long_prefill_token_threshold,
+        is_encoder_decoder=False,
+        enable_chunked_prefill=True,
+    )
+    speculative_config = None
+    if e.uses_spec_decode:
+        speculative_config = SpeculativeConfig(
+            method=e.spec_method,
+            num_speculative_tokens=e.num_speculative_tokens,
+            target_model_config=model_config,
+            target_parallel_config=ParallelConfig(),
+        )
+    # A deployment without a connector has none: with one (a KV consumer) and batches in flight,
+    # vLLM defers block frees and will not preempt a request whose blocks an in-flight step may
+    # still write (Scheduler.defer_block_free), so an idle connector would hide the async preemption
+    # and stale-delivery paths from every scenario.
+    kv_transfer_config = KVTransferConfig(
+        kv_connector=CONNECTOR_CLASS, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both"
+    ) if connector else None
+    vc = VllmConfig(
+        model_config=model_config,
+        cache_config=cache_config,
+        scheduler_config=scheduler_config,
+        speculative_config=speculative_config,
+        kv_transfer_config=kv_transfer_config,
+    )
+    # vLLM resolves `async_scheduling` (None: its default) in VllmConfig, and then CpuPlatform.
+    # check_and_update_config turns it off on a CPU host (platforms/cpu.py: "not required on CPU").
+    # The scheduler under test is the one a CUDA host runs, so the mode is set here, after both:
+    # the Scheduler reads it (max_concurrent_batches: deferred block frees, in-flight token bound).
+    vc.scheduler_config.async_scheduling = (default_async_scheduling(vc) if e.async_scheduling is None
+                                            else e.async_scheduling)
+    _VLLM_CONFIGS[key] = vc
+    while len(_VLLM_CONFIGS) > MAX_CACHED_CONFIGS:  # a long run draws endless distinct configs
+        _VLLM_CONFIGS.pop(next(iter(_VLLM_CONFIGS)))
+    return vc
+
+
+def default_runner(vc: VllmConfig) -> str:
+    """The model runner vLLM 0.32 runs this config with on a CUDA host: `VllmConfig.
+    use_v2_model_runner` picks V2 unless `_get_v2_model_runner_unsupported_features` names
+    something (MTP is not named). Mirrored, because the property itself answers V1 on this
+    CPU build for a reason a CUDA host does not have (no Triton); VLLM_USE_V2_MODEL_RUNNER is
+    not consulted: a scenario that wants V1 says `runner: "v1"`."""
+    return "v1" if vc._get_v2_model_runner_unsupported_features() else "v2"
+
+
+def default_async_scheduling(vc: VllmConfig) -> bool:
+    """What vLLM 0.32 sets `async_scheduling` to when it is left unset, on a CUDA host: the
+    `async_scheduling is None` branch of `VllmConfig.__post_init__` (config/vllm.py), mirrored because
+    the CPU platform overrides it. On: unless a pooling model (never here), a drafter outside EAGLE/MTP
+    (vLLM's own `EagleModelTypes`), a padded-drafter opt-out, an executor without support (uniproc and
+    multiprocessing support it), or V1 with pipeline parallelism (pipeline size 1 here)."""
+    spec = vc.speculative_config
+    if spec is not None:
+        try:
+            from mambafuzz.sim.vllm_compat.api import EagleModelTypes
+            eagle_like = set(_literal_values(EagleModelTypes))
+        except Exception:  # a release without the alias: MTP is EAGLE-like in every release here
+            eagle_like = {"mtp"}
+        if spec.method not in eagle_like or getattr(spec, "disable_padded_drafter_batch", False):
+            return False
+    return vc.parallel_config.pipeline_parallel_size <= 1
+
+
+def _literal_values(alias: object) -> Iterator[str]:
+    """The strings of a (nested) typing.Literal alias."""
+    for arg in typing.get_args(alias):
+        if isinstance(arg, str):
+            yield arg
+        else:
+            yield from _literal_values(arg)
+
+
+def batch_queue_depth(vc: VllmConfig, runner: str) -> int:
+    """Batches the engine core keeps in flight: vLLM's own `VllmConfig.max_concurrent_batches`
+    (2 for V1 without pipeline parallelism, pipeline size + 1 for V2 under async scheduling; 1 when
+    synchronous), evaluated for `runner` instead of the runner this CPU host would pick."""
+    prop = getattr(type(vc), "max_concurrent_batches", None)
+    if prop is None:  # a release before the batch queue: one batch at a time unless async
+        return 2 if vc.scheduler_config.async_scheduling else 1
+    view = types.SimpleNamespace(parallel_config=vc.parallel_config, scheduler_config=vc.scheduler_config,
+                                 use_v2_model_runner=runner == "v2")
+    return int(prop.fget(view))
+
+
+def _checked_config(e: EngineConfig, max_model_len: int, connector: bool = True) -> VllmConfig:
+    if e.enable_prefix_caching and e.num_prefill_checkpoint_blocks and not PREFILL_CHECKPOINTS:
+        raise ConfigRejected(f"cannot run on {VLLM}: no prefill-checkpoint rule "
+                             "(get_mamba_prefill_checkpoint_position) for num_prefill_checkpoint_blocks > 0")
+    try:
+        return vllm_config_for(e, max_model_len, connector)
+    except features.FeatureAbsent as exc:
+        raise ConfigRejected(f"cannot run: {exc}") from None
+    except Exception as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        detail = next((ln for ln in lines if "error" in ln.lower() and "validation error" not in ln.lower()),
+                      lines[0] if lines else type(exc).__name__)
+        raise ConfigRejected(f"vLLM refuses this engine config: {detail.split(' [type=')[0]}") from None
+
+
+@lru_cache(maxsize=64)
+def _kv_cache_groups(attn_block: int, mamba_block: int, caching: bool, spec_blocks: int, checkpoint_blocks: int,
+                     checkpoint_alignment: int | None) -> tuple[KVCacheGroupSpec, ...]:
+    """The KV-cache groups for one geometry, built once (vLLM's grouping deep-copies specs: slow)."""
+    attn = FullAttentionSpec(block_size=attn_block, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    mamba_kwargs = dict(block_size=mamba_block, shapes=((1, 1),), dtypes=(torch.float32,),
+                        num_speculative_blocks=spec_blocks)
+    if caching:
+        mamba_kwargs.update(mamba_cache_mode="align", num_prefill_checkpoint_blocks=checkpoint_blocks,
+                            prefill_checkpoint_alignment=checkpoint_alignment)
+    mamba = MambaSpec(**features.fit_kwargs(MambaSpec, mamba_kwargs, OFF_VALUES, VLLM))
+    # Group the layers as the engine does. The engine pads the mamba page to the attention page
+    # (Platform._align_hybrid_block_size), then vLLM's uniform-page grouping gives each of the tiny model's
+    # three linear-attention layers its own group (one attention layer sets the group size): three mamba
+    # block tables per request, as in a real engine, which matters for small-pool admission.
+    mamba = dataclasses.replace(mamba, page_size_padded=attn.page_size_bytes)
+    return tuple(get_kv_cache_groups_uniform_page_size({ATTN_LAYER: attn, **dict.fromkeys(MAMBA_LAYERS, mamba)}))
+
+
+def kv_cache_config_for(e: EngineConfig, num_blocks: int, max_model_len: int) -> KVCacheConfig:
+    # With prefix caching off a real engine sets the mamba block to max_model_len
+    # (model_executor/models/config.py, HybridAttentionMambaModelConfig): one running state per
+    # request plus its speculative blocks, never a table that grows per block.
+    mamba_block = e.mamba_block_size if e.enable_prefix_caching else max_model_len
+    groups = list(_kv_cache_groups(e.attn_block_size, mamba_block, e.enable_prefix_caching,
+                                   e.num_speculative_tokens if e.uses_spec_decode else 0,
+                                   e.num_prefill_checkpoint_blocks, e.prefill_checkpoint_alignment))
+    # vLLM's KV-cache utilities copy the retention interval from CacheConfig into KVCacheConfig, and the
+    # coordinator reads it only from there: without it every run would use dense retention.
+    return KVCacheConfig(**features.fit_kwargs(KVCacheConfig, dict(
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
+        prefix_cache_retention_interval=e.prefix_cache_retention_interval if e.enable_prefix_caching else 0),
+        OFF_VALUES, VLLM))
+
+
+@dataclass(frozen=True)
+class CachedMambaEntry:
+    """One prefix-cache key that points at a mamba block."""
+
+    block_hash: bytes
+    block_id: int
+    primary: bool  # the block's own key (block_hash_num_tokens describes it), not a secondary one
+    claimed_tokens: int | None  # block_hash_num_tokens for a primary key
+
+
+class SchedulerSession:
+    """One real vLLM Scheduler plus the handles the harness needs to drive and observe it."""
+
+    def __init__(self, engine: EngineConfig, num_blocks: int, max_model_len: int, split: SplitFn | None,
+                 connector: bool = True):
+        """`connector`: configure the scenario's KV connector (a scenario whose requests claim
+        external tokens); without it vLLM runs with no connector, as most deployments do."""
+        vc = _checked_config(engine, max_model_len, connector)
+        vc.cache_config.num_gpu_blocks = num_blocks
+        try:
+            kv_cache_config = kv_cache_config_for(engine, num_blocks, max_model_len)
+        except features.FeatureAbsent as exc:
+            raise ConfigRejected(f"cannot run: {exc}") from None
+        try:  # the engine core resolves both sizes this way before building its scheduler
+            block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vc)
+        except ValueError as exc:
+            raise ConfigRejected(f"vLLM refuses this engine config: {str(exc).splitlines()[0]}") from None
+        # vLLM's own choice of class for the mode (SchedulerConfig.get_scheduler_cls): AsyncScheduler
+        # when async scheduling is on.
+        scheduler_cls = vc.scheduler_config.get_scheduler_cls() if hasattr(vc.scheduler_config, "get_scheduler_cls") \
+            else Scheduler
+        self.scheduler = scheduler_cls(
+            vllm_config=vc,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=StructuredOutputManager(vc),
+            block_size=block_size,
+            hash_block_size=hash_block_size,
+        )
+        if split is not None:  # wrapped by any active fix of the split (mambafuzz.sim.patching)
+            setattr(self.scheduler, SPLIT_METHOD, types.MethodType(patching.wrap_split(split), self.scheduler))
+        self.runner = engine.runner or default_runner(vc)
+        # The scheduler reads the flag at start-up; it changes only how SchedulerOutput hands
+        # resumed requests to the worker (as new requests under V2), not what is scheduled.
+        self.scheduler.use_v2_model_runner = self.runner == "v2"
+        self.async_scheduling = bool(vc.scheduler_config.async_scheduling)
+        self.batch_queue_depth = batch_queue_depth(vc, self.runner)
+        self.hash_block_size = hash_block_size
+        self.mamba_block_size = engine.mamba_block_size
+        managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
+        self.mamba_group = next(i for i, m in enumerate(managers) if isinstance(m, MambaManager))
+        self._mamba_manager = managers[self.mamba_group]
+        # The block grid a prefill checkpoint aligns to (vLLM >= 0.29 names it; before, the scheduler block).
+        self.cache_hit_alignment_tokens: int = getattr(self._mamba_manager, "cache_hit_alignment_tokens", block_size)
+        self.block_pool = self.scheduler.kv_cache_manager.block_pool
+        self.null_block_id = self.block_pool.null_block.block_id
+        self.allocated_blocks: set[int] = set()  # ever handed out by the pool
+        self.reused_blocks: set[int] = set()  # handed out more than once: no longer the cache's initial zeros
+        self._watch_reuse()
+        self._mamba_key_suffix = bytes(make_block_hash_with_group_id(b"", self.mamba_group))
+        self.connector = self.scheduler.connector
+        self._block_hasher = get_request_block_hasher(hash_block_size, sha256)
+        self._watched_keys: object = None  # the key map cache_keys_version watches
+        self._key_changes = [0]
+        self._inserted: list[int] = []  # mamba blocks keyed since the last take_inserted()
+        # Our own references: vLLM drops finished requests from `scheduler.requests` inside
+        # update_from_output, before their last sampled token could be read back.
+        self._requests: dict[str, Request] = {}
+
+    def _watch_reuse(self) -> None:
+        """Record every block the pool hands out a second time. The worker allocates the whole
+        KV cache zeroed (v1/worker/utils.py `allocate_kv_cache`: torch.zeros) and all groups
+        share it, so a block on its first owner holds zeros until written; a block any group
+        used before holds that group's bytes (mamba blocks are never zeroed on reuse)."""
+        pool_get = self.block_pool.get_new_blocks
+        ever, reused = self.allocated_blocks, self.reused_blocks
+
+        def get_new_blocks(num_blocks: int) -> list[KVCacheBlock]:
+            blocks = pool_get(num_blocks)
+            for b in blocks:
+                if b.block_id in ever:
+                    reused.add(b.block_id)
+                else:
+                    ever.add(b.block_id)
+            return blocks
+
+        self.block_pool.get_new_blocks = get_new_blocks
+
+    # ---- driving ----------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: list[int], max_tokens: int, arrival: float) -> None:
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt),
+            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
+            pooling_params=None,
+            arrival_time=arrival,
+            block_hasher=self._block_hasher,
+        )
+        self._requests[request_id] = request
+        self.scheduler.add_request(request)
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def schedule(self) -> SchedulerOutput:
+        return self.scheduler.schedule()
+
+    def feed(self, out: SchedulerOutput, sampled: dict[str, list[int]], finished_recving: set[str]) -> None:
+        req_ids = list(out.num_scheduled_tokens)
+        self.scheduler.update_from_output(
+            out,
+            ModelRunnerOutput(
+                req_ids=req_ids,
+                req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                sampled_token_ids=[sampled.get(r, []) for r in req_ids],
+                kv_connector_output=KVConnectorOutput(finished_recving=finished_recving) if finished_recving else None,
+            ),
+        )
+
+    def set_drafts(self, drafts: dict[str, list[int]]) -> None:
+        if drafts:
+            ids = list(drafts)
+            self.scheduler.update_draft_token_ids(DraftTokenIds(ids, [drafts[r] for r in ids]))
+
+    # ---- observing --------------------------------------------------------------------
+    def request(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def has_requests(self) -> bool:
+        """What the engine core asks before scheduling: unfinished requests, or finished ones whose
+        ids the next SchedulerOutput still has to hand the worker."""
+        return self.scheduler.has_requests()
+
+    def mamba_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self._mamba_manager.req_to_blocks.get(request_id, ())]
+
+    def cache_keys_version(self) -> int:
+        """A number that changes whenever a key of the mamba group is added to or removed from
+        the prefix cache: the per-step cache audit rescans `cached_mamba_blocks` only when it
+        moved. The watch is installed on the first call (wrapping the key map's `insert` and
+        `pop`, the only ways vLLM changes it), and again should vLLM replace the map."""
+        keys = self.block_pool.cached_block_hash_to_block
+        if keys is not self._watched_keys:
+            changes, suffix, inserted = self._key_changes, self._mamba_key_suffix, self._inserted
+            insert, pop = keys.insert, keys.pop
+
+            def counted_insert(key, *args, **kwargs):
+                if key[-4:] == suffix:
+                    changes[0] += 1
+                    block = args[0] if args else kwargs.get("block")
+                    if block is not None:
+                        inserted.append(block.block_id)
+                return insert(key, *args, **kwargs)
+
+            def counted_pop(key, *args, **kwargs):
+                if key[-4:] == suffix:
+                    changes[0] += 1
+                return pop(key, *args, **kwargs)
+
+            keys.insert, keys.pop = counted_insert, counted_pop
+            self._watched_keys = keys
+            changes[0] += 1
+        return self._key_changes[0]
+
+    def take_inserted(self) -> list[int]:
+        """The mamba blocks keyed in the prefix cache since the last call (once the watch is on)."""
+        inserted = self._inserted
+        if not inserted:
+            return []
+        out = inserted[:]
+        inserted.clear()
+        return out
+
+    def cached_mamba_blocks(self) -> Iterator[tuple[bytes, KVCacheBlock]]:
+        """(key, block) for every live prefix-cache key of the mamba group: the raw form, so the
+        per-step audit can skip the entries it has already judged without building anything."""
+        suffix = self._mamba_key_suffix
+        for key, value in self.block_pool.cached_block_hash_to_block._cache.items():
+            if key[-4:] != suffix:  # the group id is the key's last 4 bytes (make_block_hash_with_group_id)
+                continue
+            if isinstance(value, dict):
+                for block in value.values():
+                    yield key, block
+            else:
+                yield key, value
+
+    @staticmethod
+    def mamba_entry(key: bytes, block: KVCacheBlock) -> CachedMambaEntry:
+        """One (key, block) pair of `cached_mamba_blocks`, described."""
+        primary = block.block_hash == key
+        return CachedMambaEntry(bytes(get_block_hash(key)), block.block_id, primary,
+                                block.block_hash_num_tokens if primary else None)
+
+    @staticmethod
+    def spec_tokens(out: SchedulerOutput) -> Mapping[str, list[int]]:
+        return out.scheduled_spec_decode_tokens
+
+    @staticmethod
+    def preempted(out: SchedulerOutput) -> set[str]:
+        return set(out.preempted_req_ids or ())
+
+
+def is_waiting_for_remote_kv(req: Request) -> bool:
+    return req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+
+
+def _apply_planted_bug() -> None:
+    """Mutation testing only: MAMBAFUZZ_MUTANT names a planted bug from mambafuzz.search.mutants."""
+    if os.environ.get("MAMBAFUZZ_MUTANT"):
+        from mambafuzz.search import mutants
+
+        mutants.apply_from_env()
+
+
+def apply_worker_patches(patch_specs: Sequence[str], known_fix_dirs: Sequence[str]) -> None:
+    """A fuzz worker's `--patch` specs and `--with-known-fixes` directories (its WorkerConfig),
+    applied for the rest of the process, after any planted bug."""
+    for spec in patch_specs:
+        for p in patching.load_patches(spec):
+            patching.apply_one(p)
+    if known_fix_dirs:
+        from mambafuzz.store.known_bugs import apply_known_fixes
+
+        apply_known_fixes([Path(d) for d in known_fix_dirs])
+
+
+_apply_planted_bug()

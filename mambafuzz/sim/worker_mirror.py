@@ -1,0 +1,130 @@
+"""What the GPU worker does with one SchedulerOutput, replayed on kernel models.
+
+scheduler output (+ the model runner's answer) -> (this module) -> kernel models.  The harness
+(mambafuzz/sim/harness.py, reading through mambafuzz.sim.vllm_bridge's SchedulerSession) and the runtime audit
+plugin (mambafuzz/engine_tier/audit_plugin.py, reading a live Scheduler) both apply a step through
+it, so the two cannot drift apart.  Callers hand over plain data: request ids, block tables,
+token counts and the request's truth (mambafuzz.sim.state.PrefixStates).
+
+It reads a SchedulerOutput by attribute only and imports neither vLLM nor the kernel model:
+the audit plugin loads it inside a serving vLLM process.  One KernelModel per mamba KV-cache
+group (the harness watches one group, the plugin every group); a call returns what the first
+model did, for the caller's trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mambafuzz.sim.kernel_model import KernelModel, RowResult
+    from mambafuzz.sim.state import PrefixStates, State
+
+
+def dropped_requests(out: Any) -> set[str]:
+    """Requests whose worker-side running-state index is forgotten this step
+    (vllm/v1/worker/mamba_utils.py:cleanup_mamba_state_idx)."""
+    dropped = set(out.finished_req_ids)
+    if out.preempted_req_ids:
+        dropped.update(out.preempted_req_ids)
+    if out.scheduled_cached_reqs.resumed_req_ids:
+        dropped.update(out.scheduled_cached_reqs.resumed_req_ids)
+    return dropped
+
+
+def block_copies(out: Any) -> list[tuple[int, int]]:
+    """The CoW copies (src, dst) the worker applies before the forward."""
+    return [(c.src_block_id, c.dst_block_id) for c in (out.kv_cache_block_copies or ())]
+
+
+def accepted_count(sampled: Sequence[int] | None) -> int:
+    """Tokens a row kept this step, as the worker counts them for post-processing: at least 1."""
+    return max(len(sampled) if sampled else 0, 1)
+
+
+def extend_truth(truth: PrefixStates, req: Any) -> PrefixStates:
+    """Append the tokens vLLM's Request gained since `truth` last saw it (prompt, sampled)."""
+    have = len(truth.tokens)
+    num_tokens = req.num_tokens
+    if num_tokens > have:
+        truth.append(req.all_token_ids[have:num_tokens])
+    return truth
+
+
+class WorkerMirror:
+    """The worker's side of a step, on one kernel model per mamba group.
+
+    Order of a step (the worker's): `before_forward` (forget dropped requests, zero fresh
+    blocks, CoW copies), connector loads that landed at admission (`load`), `begin_step`, one
+    `run_row` per scheduled row, then after the forward `postprocess` with each row's accepted
+    count (spec decode) and `load` for asynchronous loads that finished.  `tables` arguments
+    hold the request's block table of each model's group, in model order."""
+
+    __slots__ = ("models", "first", "rest", "spec")
+
+    def __init__(self, models: Sequence[KernelModel], spec_engine: bool):
+        self.models = tuple(models)
+        self.first = self.models[0]
+        self.rest = self.models[1:]
+        self.spec = spec_engine
+
+    def before_forward(self, out: Any) -> Sequence[tuple[int, State]]:
+        """Apply what precedes the forward; returns (dst, state the first model holds right after
+        that copy) per CoW copy, in order."""
+        dropped = dropped_requests(out)
+        zero = out.new_block_ids_to_zero
+        if dropped or zero:
+            for model in self.models:
+                model.forget_requests(dropped)
+                if zero:
+                    model.zero_blocks(zero)
+        if not out.kv_cache_block_copies:
+            return ()
+        copies = block_copies(out)
+        for model in self.rest:
+            model.copy_blocks(copies)
+        first = self.first
+        landed = []
+        for copy in copies:
+            first.copy_blocks([copy])
+            landed.append((copy[1], first.state_of(copy[1])))
+        return landed
+
+    def load(self, tables: Sequence[list[int]], num_tokens: int, state: State) -> int:
+        """A connector load of the state after `num_tokens`; returns the first model's block."""
+        if self.rest:
+            for model, table in zip(self.rest, tables[1:]):
+                model.load_external(table, num_tokens, state)
+        return self.first.load_external(tables[0], num_tokens, state)
+
+    def begin_step(self, scheduled: dict[str, int]) -> list[str]:
+        """Before the rows; returns the requests whose accepted count the first model reset."""
+        for model in self.rest:
+            model.begin_step(scheduled)
+        return self.first.begin_step(scheduled)
+
+    def run_row(self, rid: str, tables: Sequence[list[int]], start: int, n: int, drafts: list[int],
+                truth: PrefixStates, num_prompt_tokens: int, prefill_len: int) -> tuple[bool, RowResult]:
+        """One scheduled row: `n` tokens from `start`, the last `len(drafts)` of them drafts.
+        Returns (whether the first model ran it as a spec row, its RowResult)."""
+        num_drafts = len(drafts)
+        tokens = truth.tokens[start:start + n - num_drafts]  # a fresh list
+        if drafts:
+            tokens += drafts
+        spec = self.spec
+        if self.rest:
+            for model, table in zip(self.rest, tables[1:]):
+                model.run_row(rid, table, start, tokens, num_drafts,
+                              spec and model.is_spec_row(start, n, num_drafts, num_prompt_tokens, prefill_len), truth)
+        first = self.first
+        spec_row = spec and first.is_spec_row(start, n, num_drafts, num_prompt_tokens, prefill_len)
+        return spec_row, first.run_row(rid, tables[0], start, tokens, num_drafts, spec_row, truth)
+
+    def postprocess(self, rid: str, tables: Sequence[list[int]], start: int, n: int, num_drafts: int,
+                    accepted: int) -> list[tuple[int, int, State, str]]:
+        """After a spec-decode forward: every row, with its accepted count; the first model's writes."""
+        if self.rest:
+            for model, table in zip(self.rest, tables[1:]):
+                model.postprocess_spec(rid, table, start, n, num_drafts, accepted)
+        return self.first.postprocess_spec(rid, tables[0], start, n, num_drafts, accepted)

@@ -1,0 +1,376 @@
+"""Hand a finding to vLLM's maintainers: a standalone pytest in the style of vLLM's
+tests/v1/core (vLLM's own APIs only, no mambafuzz import) and the issue text.
+
+The test's assertion is what the scheduler can see of the finding's kind:
+- `slot_hash`: every mamba block a step newly publishes claims a position where that
+  request's state was actually left (a chunk end, a load, an internal checkpoint);
+- `vllm_crash`: `schedule()` does not raise (`nocache-` crashes run with prefix caching off);
+- the padded fresh prompt (`uninit_read:from-empty` on V1, `nocache_stale_read:…/prefill-kept-drafts`
+  on V2 and Mamba2, formerly `stale_read:from-empty`): no request without computed tokens is
+  scheduled with placeholder drafts.  What each model runner then does with that row differs
+  (corpus/upstream/RUNNERS.md); the scheduler-side fact behind both is the padded row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import textwrap
+from pathlib import Path
+
+from mambafuzz.model.scenario import ample_pool_blocks
+from mambafuzz.store.corpus import Case
+from mambafuzz.upstream.standalone_template import TEMPLATE
+from mambafuzz.upstream.v1_template import V1_ACCEPTED_TEMPLATE
+from mambafuzz.upstream.vllm_template import (
+    ADMISSION_TEMPLATE,
+    CHECKS,
+    HEADER,
+    HYBRID_IMPORTS,
+    SCHEDULER_TEMPLATE,
+    SLOT_HASH_IMPORTS,
+    SLOT_HASH_TEMPLATE,
+    WHY,
+)
+
+TINY_CONFIG = Path(__file__).parent.parent / "tiny_model" / "config.json"
+V1_ACCEPTED_KEPT = "v1_accepted_kept"  # a check of V1's persistent batch, not of the scheduler
+MAMBA_GROUPS = 3  # mamba KV-cache groups in a --style vllm test: the harness's tiny model has three
+
+
+STYLES = ("standalone", "vllm")
+
+
+class ExportError(ValueError):
+    """A case this exporter cannot express as a standalone vLLM test."""
+
+
+def check_for(signature: str) -> str:
+    kind = signature.split(":")[0]
+    if kind == "slot_hash":
+        return "published_state_written"
+    if kind == "vllm_crash":
+        return "no_crash"
+    if signature.endswith("/accepted-reset"):
+        return V1_ACCEPTED_KEPT
+    if signature in ("stale_read:from-empty", "uninit_read:from-empty") or signature.endswith("/prefill-kept-drafts"):
+        return "fresh_prompt_not_spec_row"
+    raise ExportError(f"no scheduler-side assertion for {signature} yet")
+
+
+def case_signature(case: Case) -> str:
+    meta = case.extra.get("finding")
+    if isinstance(meta, dict) and isinstance(meta.get("signature"), str):
+        return meta["signature"]
+    from mambafuzz.checks.pipeline import signature_of
+
+    sig = signature_of(case.scenario, "fixed")
+    if sig is None:
+        raise ExportError(f"{case.path}: clean on the installed vLLM, nothing to export")
+    return sig
+
+
+def test_source(case: Case, title: str = "", why: str = "") -> str:
+    """The exported test for `case` as Python source."""
+    s = case.scenario
+    sig = case_signature(case)
+    if check_for(sig) == V1_ACCEPTED_KEPT:
+        return _v1_accepted_source(case, sig, title, why)
+    if s.engine.async_scheduling is not False:
+        s = _synchronous_twin(case, sig)
+        why += "\nFound under async scheduling; it fails the same way with the synchronous Scheduler this test drives."
+    if s.acceptance and any(s.acceptance):
+        why += "\nThe scenario's draft acceptance is not replayed (no drafts are proposed)."
+    engine = dataclasses.asdict(s.engine)
+    engine.pop("runner", None)  # the model runner the kernel model mirrors: not a scheduler setting
+    engine.pop("async_scheduling", None)  # synchronous, checked above
+    if ":nocache-" in sig:
+        engine.update(enable_prefix_caching=False, prefix_match_unit=None, num_prefill_checkpoint_blocks=0,
+                      prefill_checkpoint_alignment=None, enable_mamba_shared_prefix_checkpoint=False)
+    requests = [{"id": rid, "arrival": r.arrival_step, "prompt": s.prompt_tokens(i), "max_tokens": r.max_tokens,
+                 "external": r.external_tokens, "external_async": r.external_async, "abort": r.abort_step} for i, (rid, r) in enumerate(zip(s.request_ids(), s.requests))]
+    name = re.sub(r"\W+", "_", case.path.stem).strip("_").lower()
+    return TEMPLATE.format(
+        title=title or f"Regression test for {case.path.stem}", case_name=case.path.name, signature=sig,
+        why=why.strip() + "\n" if why.strip() else "", engine=json.dumps(engine), requests=json.dumps(requests),
+        num_blocks=s.engine.num_gpu_blocks or ample_pool_blocks(s), max_model_len=s.max_model_len(),
+        max_steps=s.liveness_bound(), check=check_for(sig), model_config=json.dumps(json.loads(TINY_CONFIG.read_text())),
+        test_name=name,
+    )
+
+
+def _synchronous_twin(case: Case, sig: str):
+    """The case's scenario with vLLM's synchronous Scheduler, when it fails the same way there: the
+    standalone test drives `schedule()` and `update_from_output()` one batch at a time."""
+    from mambafuzz.checks.pipeline import signature_of
+    from mambafuzz.model.scenario import with_scheduling
+
+    twin = with_scheduling(case.scenario, "sync")
+    if signature_of(twin, "fixed") != sig:
+        raise ExportError(f"{case.path}: {sig} needs async scheduling, and the standalone test drives the "
+                          "synchronous Scheduler only")
+    return twin
+
+
+def vllm_test_source(case: Case, title: str = "") -> str:
+    """The exported test for `case` in vLLM's idiom (`--style vllm`): short, built on vLLM's own
+    test helpers, so a maintainer can drop it into tests/v1/core/ (tests/v1/worker/ for V1's
+    persistent batch) and read it in one screen."""
+    s = case.scenario
+    sig = case_signature(case)
+    check = check_for(sig)
+    name = re.sub(r"\W+", "_", case.path.stem).strip("_").lower()
+    title = title or f"Regression test for {case.path.stem}"
+    if check == V1_ACCEPTED_KEPT:
+        body = _v1_accepted_source(case, sig, title, "").split('"""\n\nimport torch\n', 1)[1]
+        return (f'{HEADER}"""{title} (Model Runner V1; for tests/v1/worker/).\n'
+                f'Exported by mambafuzz from {case.path.name} ({sig}).\n"""\n\nimport pytest\nimport torch\n'
+                + body.replace("\n\nMAMBA_BLOCK_SIZE", "\n\npytestmark = pytest.mark.cpu_test\n\nMAMBA_BLOCK_SIZE", 1))
+    if check not in CHECKS and check != "published_state_written":
+        raise ExportError(f"--style vllm cannot express {sig} yet (use --style standalone)")
+    if s.engine.async_scheduling is not False:  # create_scheduler builds the synchronous Scheduler
+        s = _synchronous_twin(case, sig)
+    if check == "published_state_written" or (check == "no_crash" and ":nocache-" not in sig):
+        return _hybrid_source(case, s, sig, check, title, name)
+    e = s.engine
+    requests = {rid: (r.arrival_step, s.prompt_len(i), r.max_tokens)
+                for i, (rid, r) in enumerate(zip(s.request_ids(), s.requests))}
+    return SCHEDULER_TEMPLATE.format(
+        title=title, why=WHY[check], case_name=case.path.name, signature=sig, test_name=name,
+        num_spec=e.num_speculative_tokens if e.spec_method != "none" else 0,
+        threshold=e.long_prefill_token_threshold, requests=requests, budget=e.max_num_batched_tokens,
+        max_num_seqs=e.max_num_seqs, max_model_len=s.max_model_len(), max_steps=s.liveness_bound(),
+        check=CHECKS[check])
+
+
+def _hybrid_source(case: Case, s, sig: str, check: str, title: str, name: str) -> str:
+    """A finding that needs mamba KV-cache groups: create_scheduler with a `scheduler_cls` that adds
+    them (HYBRID_HEAD). Refused, in one line, where vLLM's helpers cannot state the scenario."""
+    e, ids = s.engine, s.request_ids()
+    why = f"--style vllm cannot express {sig} for {case.path.name}: "
+    if e.spec_method != "none" or not e.enable_prefix_caching or e.attn_block_size != e.mamba_block_size:
+        raise ExportError(why + "create_scheduler's model (OPT) has no MTP layers and its attention block is the "
+                          "mamba block; the case needs MTP, prefix caching off or another attention block "
+                          "(use --style standalone)")
+    external = {r.external_tokens for r in s.requests}
+    admission = check == "no_crash"
+    groups = MAMBA_GROUPS if admission else 1  # the pool counts blocks per group; one shows a hashed slot
+    fields = dict(
+        title=title, case_name=case.path.name, signature=sig, test_name=name, block_size=e.mamba_block_size,
+        hash_block_size=e.prefix_match_unit or e.mamba_block_size, alignment=e.prefill_checkpoint_alignment,
+        checkpoint_blocks=e.num_prefill_checkpoint_blocks, max_steps=s.liveness_bound(),
+        retention="" if e.prefix_cache_retention_interval is None else
+        f"\n    kv_cache_config.prefix_cache_retention_interval = {e.prefix_cache_retention_interval}",
+        groups_doc=f"+ {groups} mamba groups" if groups > 1 else "+ a mamba group",
+        groups_code=f'[KVCacheGroupSpec([f"mamba.{{i}}"], mamba) for i in range({groups})]' if groups > 1
+        else '[KVCacheGroupSpec(["mamba"], mamba)]')
+    # create_scheduler's arguments where they differ from its defaults (its pool of 10000 blocks is ample)
+    kwargs = {"num_blocks": e.num_gpu_blocks, "max_num_batched_tokens": e.max_num_batched_tokens,
+              "max_num_seqs": e.max_num_seqs, "long_prefill_token_threshold": e.long_prefill_token_threshold,
+              "max_model_len": s.max_model_len() if s.max_model_len() > e.max_num_batched_tokens else None}
+    defaults = {"num_blocks": None, "max_num_batched_tokens": 8192, "max_num_seqs": 16,
+                "long_prefill_token_threshold": 0, "max_model_len": None}
+    args = [f"{k}={v}" for k, v in kwargs.items() if v != defaults[k]]
+    if admission:
+        args.append(f"use_kv_connector=mock_kv(matched_tokens={max(external)}, is_async=False)")
+    fields["kwargs"] = "\n        ".join(textwrap.wrap(", ".join(args) + ",", 88 - 8, break_long_words=False,
+                                                         break_on_hyphens=False))
+    if admission:
+        lens = {s.prompt_len(i) for i in range(len(ids))}
+        if (len(lens) > 1 or len(external) > 1 or not max(external) or any(r.external_async for r in s.requests)
+                or s.prefixes or any(r.arrival_step or r.abort_step is not None for r in s.requests)):
+            raise ExportError(why + "the short admission test admits requests of one prompt length with one sync "
+                              "connector token count, distinct prompts, all at step 0 (use --style standalone)")
+        return ADMISSION_TEMPLATE.format(
+            why=WHY["no_crash_admission"], imports=HYBRID_IMPORTS, extra_helpers=", mock_kv", num_requests=len(ids),
+            prompt_len=lens.pop(), external=max(external), **fields)
+    if max(external):
+        raise ExportError(why + "vLLM's mock_kv connector is no SupportsHMA connector: a request that finishes with "
+                          "it under a hybrid KV cache trips request_finished's single-group assert "
+                          "(use --style standalone)")
+    # create_requests makes every prompt one token repeated: the scenario's prompts must share
+    # what they share in whole hash blocks, and nothing more
+    unit = fields["hash_block_size"]
+    for i in range(len(ids)):
+        for j in range(i):
+            a, b = s.prompt_tokens(i), s.prompt_tokens(j)
+            common = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            if common // unit != min(len(a), len(b)) // unit:
+                raise ExportError(why + f"{ids[j]} and {ids[i]} share {common} leading tokens, and "
+                                  "create_requests' prompts would share more (use --style standalone)")
+    return SLOT_HASH_TEMPLATE.format(
+        why=WHY[check], imports=SLOT_HASH_IMPORTS, extra_helpers="",
+        requests={rid: (r.arrival_step, s.prompt_len(i), r.max_tokens) for i, (rid, r) in enumerate(zip(ids, s.requests))},
+        **fields)
+
+
+def _v1_accepted_source(case: Case, sig: str, title: str, why: str) -> str:
+    """A V1 accepted-count finding as a test of V1's persistent batch: the request the finding
+    names sits out one step beside the case's other requests."""
+    s = case.scenario
+    ids = s.request_ids()
+    meta = case.extra.get("finding") if isinstance(case.extra.get("finding"), dict) else {}
+    named = re.search(r"\b(" + "|".join(map(re.escape, ids)) + r") ran\b", str(meta.get("message", "")))
+    if named is None:
+        raise ExportError(f"{case.path}: the finding's message names no request of the case")
+    return V1_ACCEPTED_TEMPLATE.format(
+        title=title or f"Regression test for {case.path.stem}", case_name=case.path.name, signature=sig,
+        why=why.strip() + "\n" if why.strip() else "", block_size=s.engine.mamba_block_size,
+        num_spec=s.engine.num_speculative_tokens, max_model_len=s.max_model_len(),
+        prompt_lens={rid: s.prompt_len(i) for i, rid in enumerate(ids)}, skipping=named.group(1),
+        test_name=re.sub(r"\W+", "_", case.path.stem).strip("_").lower(),
+    )
+
+
+def finding_runner(case: Case) -> str | None:
+    """The model runner the finding was filed on (None: the scenario's own)."""
+    meta = case.extra.get("finding")
+    runner = meta.get("runner") if isinstance(meta, dict) else None
+    return runner if isinstance(runner, str) else None
+
+
+def fix_dir(case: Case) -> Path | None:
+    """The candidate fix beside a case (corpus/upstream/<finding>/fix.py), if any."""
+    d = case.path.parent
+    return d if (d / "fix.py").is_file() else None
+
+
+FIX_SECTION = "## Candidate fix (`fix.py`)"
+STATUS_SECTION = "Tracker status and main status"
+COST_SECTION = "### Cost"
+
+
+def _analysis(directory: Path | None) -> tuple[str, str]:
+    """(title, body) of the finding's README.md, without its heading and its fix section."""
+    readme = directory / "README.md" if directory else None
+    if readme is None or not readme.is_file():
+        return "", ""
+    text = readme.read_text().split(FIX_SECTION)[0]
+    lines = text.splitlines()
+    title = lines[0].lstrip("# ").removeprefix("Upstream behaviour: ") if lines else ""
+    return title[:1].upper() + title[1:], "\n".join(lines[1:]).strip()
+
+
+def _recorded_cost(directory: Path) -> str | None:
+    """The cost section the finding's README already records (bench/fix_cost.py), if any."""
+    text = (directory / "README.md").read_text() if (directory / "README.md").is_file() else ""
+    if COST_SECTION not in text:
+        return None
+    return re.split(r"^## ", text.split(COST_SECTION, 1)[1].split("\n", 1)[1], maxsplit=1, flags=re.M)[0].strip()
+
+
+def _split_status(body: str) -> tuple[str, str]:
+    """(the README's tracker-and-main status section, the rest): the status leads the issue as its
+    'related issues and PRs', so a maintainer sees what upstream already has first."""
+    m = re.search(r"^## " + STATUS_SECTION + r"[^\n]*\n(.*?)(?=^## |\Z)", body, flags=re.M | re.S)
+    return (m.group(1).strip(), body[:m.start()] + body[m.end():]) if m else ("", body)
+
+
+def report_text(case: Case, cost_rows: int = 30) -> str:
+    """The issue text for `case`: what happens, a minimal repro, the evidence, the candidate
+    fix and its cost table."""
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.sim import patching
+    from mambafuzz.tools.fix_cost import cost_table
+
+    directory = fix_dir(case)
+    title, body = _analysis(directory)
+    sig = case_signature(case)
+    runner = finding_runner(case)
+    before = evaluate(case.scenario, "fixed", efficiency=False, runner=runner).verdict
+    related, body = _split_status(body)
+    body = re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", body, flags=re.M)  # under this report's headings
+    try:  # the short test in vLLM's idiom where there is one; the standalone test otherwise
+        reproducer, style = vllm_test_source(case, title), "vllm"
+    except ExportError:
+        reproducer, style = test_source(case, title), "standalone"
+    from mambafuzz.store.finding_store import vllm_version  # the version a finding records
+
+    parts = [f"# [Bug]: {title or case.path.stem}", "", "## Your current environment", "",
+             f"vLLM {vllm_version()} (also checked: the 0.33.0 release tree), Python 3.11, scheduler and "
+             "KV-cache manager driven on CPU; "
+             + (f"Model Runner {runner.upper()}." if runner else "both model runners unless said otherwise."), "",
+             "## Related issues and PRs", "", related.strip() or "(none found)", "",
+             "## Describe the bug", "", body.strip() or "(no analysis on file)", "",
+             "## Minimal reproducer", "",
+             f"`mambafuzz export-test --style {style} {case.path} -o FILE` writes it; it fails on the unmodified "
+             "vLLM and passes with the candidate fix:", "",
+             "```python", reproducer.rstrip(), "```", "",
+             "The full scenario replays with `mambafuzz repro FILE --trace` (every chunk, slot write and newly "
+             "hashed block).", "",
+             "## Expected and actual", "", f"- signature `{sig}`" + (f" (Model Runner {runner.upper()})" if runner else "")]
+    parts += [f"- `{f.kind}`: {f.message}" for f in before.findings]
+    if directory is not None:
+        patches = patching.load_patches(str(directory / "fix.py"))
+        after = evaluate(case.scenario, "fixed", efficiency=False, patches=patches, runner=runner).verdict
+        parts += [f"- with the candidate fix: {'clean' if after.clean else after.primary.message}", "",
+                  "## Candidate fix", "", "Applied to the installed vLLM by mambafuzz (`--patch`); as a change to "
+                  "vLLM it is the edit or wrap below.", "", "```python", (directory / "fix.py").read_text().rstrip(),
+                  "```", "", "## Cost of the fix", "",
+                  _recorded_cost(directory) or
+                  "vLLM with and without the fix (forward steps, hashed snapshots, prefix-hit tokens summed; "
+                  "`worse` counts scenarios made worse; crashed runs excluded):\n\n" + cost_table(patches, cost_rows)]
+    return "\n".join(parts) + "\n"
+
+
+def add_export_commands(sub) -> None:
+    t = sub.add_parser("export-test", help="write a standalone vLLM-style pytest for a finding",
+                       description="Write a pytest that uses only vLLM's APIs (no mambafuzz import), fails on the "
+                                   "installed vLLM and passes with the finding's candidate fix applied (check "
+                                   "with: MAMBAFUZZ_PATCHES=fix.py python -m pytest -p mambafuzz.upstream.fix_plugin FILE).")
+    t.add_argument("case", metavar="CASE")
+    t.add_argument("-o", "--output", metavar="FILE.py", required=True)
+    t.add_argument("--style", choices=STYLES, default="standalone",
+                   help="standalone: vLLM APIs only, runs anywhere (default); vllm: a short test for vLLM's "
+                        "tests/v1/core/ built on its test helpers (create_scheduler, create_requests)")
+    t.set_defaults(handler=_cmd_export_test)
+    r = sub.add_parser("export-report", help="write the issue text for a finding",
+                       description="What happens, a minimal repro, the evidence, the candidate fix and its cost.")
+    r.add_argument("case", metavar="CASE")
+    r.add_argument("-o", "--output", metavar="FILE.md", help="default: stdout")
+    r.add_argument("--cost-scenarios", type=int, default=30, metavar="N",
+                   help="generated scenarios per row of the cost table (default 30)")
+    r.set_defaults(handler=_cmd_export_report)
+
+
+def _load(path: str) -> Case:
+    from mambafuzz.cli.main import UsageError
+    from mambafuzz.store import corpus
+
+    try:
+        return corpus.load_case(path)
+    except corpus.CaseError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _cmd_export_test(args) -> int:
+    from mambafuzz.cli.main import UsageError
+    from mambafuzz.store.corpus import atomic_write
+
+    case = _load(args.case)
+    title, _ = _analysis(fix_dir(case))
+    try:
+        source = vllm_test_source(case, title) if args.style == "vllm" else test_source(case, title)
+        atomic_write(args.output, source)
+    except ExportError as exc:
+        raise UsageError(f"{args.case}: {exc}") from None
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_export_report(args) -> int:
+    from mambafuzz.cli.main import UsageError
+    from mambafuzz.store.corpus import atomic_write
+
+    case = _load(args.case)
+    try:
+        text = report_text(case, args.cost_scenarios)
+    except ExportError as exc:
+        raise UsageError(f"{args.case}: {exc}") from None
+    if args.output:
+        atomic_write(args.output, text)
+        print(f"wrote {args.output}")
+    else:
+        print(text, end="")
+    return 0

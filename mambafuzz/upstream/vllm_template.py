@@ -1,0 +1,180 @@
+"""The bodies of `mambafuzz export-test --style vllm`: short tests meant to be dropped into vLLM's
+own tree. The scheduler ones build the scheduler with vLLM's test helpers (`tests/v1/core/utils.py`:
+`create_scheduler`, `create_requests`), carry vLLM's `cpu_test` marker and assert one invariant.
+Kept as text, filled by mambafuzz/upstream/export.py; nothing in them may import mambafuzz."""
+
+HEADER = """\
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""
+
+SCHEDULER_TEMPLATE = HEADER + r'''"""{title}
+
+{why}Exported by mambafuzz from {case_name} ({signature}).
+"""
+
+import pytest
+
+from vllm.v1.outputs import ModelRunnerOutput
+
+from .utils import create_requests, create_scheduler
+
+pytestmark = pytest.mark.cpu_test
+
+NUM_SPECULATIVE_TOKENS = {num_spec}
+LONG_PREFILL_TOKEN_THRESHOLD = {threshold}
+# request id -> (arrival step, prompt length, max tokens)
+REQUESTS = {requests!r}
+
+
+def test_{test_name}():
+    scheduler = create_scheduler(
+        num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
+        long_prefill_token_threshold=LONG_PREFILL_TOKEN_THRESHOLD,
+        max_num_batched_tokens={budget},
+        max_num_seqs={max_num_seqs},
+        max_model_len={max_model_len},
+    )
+    requests = {{}}
+    for step in range({max_steps}):
+        for req_id, (arrival, prompt_len, max_tokens) in REQUESTS.items():
+            if arrival == step:
+                (requests[req_id],) = create_requests(
+                    1, prompt_len, max_tokens=max_tokens, req_ids=[req_id]
+                )
+                scheduler.add_request(requests[req_id])
+        output = scheduler.schedule()
+{check}
+        ids = list(output.num_scheduled_tokens)
+        done = [requests[i].num_computed_tokens >= requests[i].num_tokens for i in ids]
+        scheduler.update_from_output(output, ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={{req_id: n for n, req_id in enumerate(ids)}},
+            sampled_token_ids=[[0] if d else [] for d in done],
+        ))
+    assert not scheduler.has_unfinished_requests()
+'''
+
+CHECKS = {
+    "no_crash": "        # reaching this line is the check: schedule() must not raise",
+    "fresh_prompt_not_spec_row": """\
+        for req_id in output.scheduled_spec_decode_tokens:
+            computed = requests[req_id].num_computed_tokens
+            assert computed > output.num_scheduled_tokens[req_id], (
+                f"step {step}: {req_id} has no computed tokens but got placeholder drafts")""",
+}
+
+WHY = {
+    "no_crash": "A padded speculative row clipped by long_prefill_token_threshold keeps its padding flag, and\n"
+                "`assert num_new_tokens == 1 + self.num_spec_tokens` fires inside schedule().\n",
+    "fresh_prompt_not_spec_row": "A fresh one-token prompt that arrives beside a running spec-decode request is padded with\n"
+                                 "placeholder drafts. With nothing computed it has no Mamba state to roll back to: Model\n"
+                                 "Runner V1 runs it through the GDN spec kernel from an unzeroed block, and V2 (and Mamba2)\n"
+                                 "through a prefill kernel that keeps the rejected placeholder in the state.\n",
+}
+
+# Findings that need a mamba KV-cache group. create_scheduler builds one attention group (its
+# kv_cache_spec argument replaces that group, it adds none), so the test hands it a
+# `scheduler_cls` that appends the mamba group(s) and turns on align mode; the rest (configs,
+# requests, the KV connector) is vLLM's helpers as they are.
+HYBRID_HEAD = HEADER + r'''"""{title}
+
+{why}Exported by mambafuzz from {case_name} ({signature}).
+"""
+
+import pytest
+import torch
+
+from vllm.v1.core.sched.scheduler import Scheduler
+{imports}
+from .utils import create_requests, create_scheduler{extra_helpers}
+
+pytestmark = pytest.mark.cpu_test
+
+MAMBA_BLOCK_SIZE = {block_size}  # create_scheduler's attention block has the same size
+HASH_BLOCK_SIZE = {hash_block_size}  # prefix_match_unit
+CHECKPOINT_ALIGNMENT = {alignment}  # MambaSpec.prefill_checkpoint_alignment (Mamba2 mixers)
+
+
+def hybrid_scheduler(vllm_config, kv_cache_config, **kwargs):  # {groups_doc}, align mode
+    vllm_config.cache_config.mamba_cache_mode = "align"{retention}
+    mamba = MambaSpec(block_size=MAMBA_BLOCK_SIZE, shapes=((1, 1),), dtypes=(torch.float32,),
+                      mamba_cache_mode="align", num_prefill_checkpoint_blocks={checkpoint_blocks},
+                      prefill_checkpoint_alignment=CHECKPOINT_ALIGNMENT)
+    kv_cache_config.kv_cache_groups += {groups_code}
+    return Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                     hash_block_size=HASH_BLOCK_SIZE, **kwargs)
+'''
+
+HYBRID_SCHEDULER = r"""    scheduler = create_scheduler(
+        block_size=MAMBA_BLOCK_SIZE, enable_prefix_caching=True, scheduler_cls=hybrid_scheduler,
+        {kwargs}
+    )
+"""
+
+# The hashed slot's state: a mamba block hashed as a whole block holds the state after its last
+# token. The kernels write a chunk's end and, for a Mamba2-style mixer, its internal checkpoint
+# (vLLM's own rule for it); partial-tail entries are not checked.
+SLOT_HASH_TEMPLATE = HYBRID_HEAD + r"""
+
+REQUESTS = {requests!r}  # id -> (arrival step, prompt length, max tokens)
+
+
+def test_{test_name}():
+""" + HYBRID_SCHEDULER + r"""    mamba = scheduler.kv_cache_manager.coordinator.single_type_managers[1]
+    requests, state_at = {{}}, {{}}  # mamba block id -> offset of the state written there
+    for step in range({max_steps}):
+        for req_id, (arrival, prompt_len, max_tokens) in REQUESTS.items():
+            if arrival == step:
+                (requests[req_id],) = create_requests(1, prompt_len, max_tokens=max_tokens,
+                                                      block_size=HASH_BLOCK_SIZE, req_ids=[req_id])
+                scheduler.add_request(requests[req_id])
+        output = scheduler.schedule()
+        for req_id, n in output.num_scheduled_tokens.items():  # where the kernels write states
+            blocks, end = mamba.req_to_blocks[req_id], requests[req_id].num_computed_tokens
+            state_at[blocks[(end - 1) // MAMBA_BLOCK_SIZE].block_id] = end  # the chunk's end
+            ckpt = get_mamba_prefill_checkpoint_position(end, HASH_BLOCK_SIZE, False)
+            if is_mamba_prefill_checkpoint_valid(end - n, end, ckpt, HASH_BLOCK_SIZE,
+                                                 MAMBA_BLOCK_SIZE, CHECKPOINT_ALIGNMENT):
+                state_at[blocks[(end - 1) // MAMBA_BLOCK_SIZE - 1].block_id] = ckpt  # checkpoint
+        for req_id, blocks in mamba.req_to_blocks.items():
+            for slot, block in enumerate(blocks):
+                boundary = (slot + 1) * MAMBA_BLOCK_SIZE  # what a whole block's hash claims
+                if block.block_hash is not None and block.block_hash_num_tokens in (None, boundary):
+                    assert state_at.get(block.block_id) == boundary, (
+                        f"step {{step}}: {{req_id}}'s mamba slot {{slot}} is hashed as state@{{boundary}}")
+        ids = list(output.num_scheduled_tokens)
+        done = [[0] if requests[r].num_computed_tokens >= requests[r].num_tokens else [] for r in ids]
+        scheduler.update_from_output(output, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={{r: i for i, r in enumerate(ids)}}, sampled_token_ids=done))
+    assert not scheduler.has_unfinished_requests()
+"""
+
+# The admitted blocks: a request the pool cannot hold yet must wait; schedule() must not raise.
+# One call: vLLM's mock_kv connector is no SupportsHMA connector, and a request that finishes
+# with it under a hybrid KV cache trips request_finished's single-group assert.
+ADMISSION_TEMPLATE = HYBRID_HEAD + r"""
+
+def test_{test_name}():
+""" + HYBRID_SCHEDULER + r"""    # {num_requests} distinct {prompt_len}-token prompts; the connector reports {external} tokens for each
+    for request in create_requests({num_requests}, {prompt_len}, block_size=HASH_BLOCK_SIZE):
+        scheduler.add_request(request)
+    # before the fix: "ValueError: Cannot get N free blocks from the pool"
+    scheduler.schedule()
+"""
+
+WHY["published_state_written"] = (
+    "A prefill resuming mid-block with an internal prefill checkpoint (Mamba2's MambaSpec.\n"
+    "num_prefill_checkpoint_blocks) crosses a block boundary in one chunk: the kernels write only the\n"
+    "chunk end and the checkpoint, yet the resume slot is hashed as the boundary state.\n")
+WHY["no_crash_admission"] = (
+    "With KV-connector tokens the align-mode admission estimate is capped at physical_block_cap, but\n"
+    "allocate_external_computed_blocks takes one more block per mamba group outside the cap: near a\n"
+    "full pool BlockPool.get_new_blocks raises inside schedule() instead of the request waiting.\n")
+
+HYBRID_IMPORTS = "from vllm.v1.kv_cache_interface import KVCacheGroupSpec, MambaSpec\n"
+SLOT_HASH_IMPORTS = """from vllm.v1.kv_cache_interface import (
+    KVCacheGroupSpec, MambaSpec, get_mamba_prefill_checkpoint_position,
+    is_mamba_prefill_checkpoint_valid)
+from vllm.v1.outputs import ModelRunnerOutput
+"""
