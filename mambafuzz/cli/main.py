@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mambafuzz.cli.conformance import add_conform_command
 
     add_conform_command(sub)
-    from mambafuzz.upstream.export import add_export_commands
+    from mambafuzz.cli.export import add_export_commands
 
     add_export_commands(sub)
     return p
