@@ -14,8 +14,12 @@ import statistics
 import time
 
 from bench.harness_speed import bare_run
-from mambafuzz.conform.drive import drive
-from mambafuzz.store.corpus import load_case
+from mambafuzz.search.startup import prepare_process
+
+prepare_process(conform=True)  # this process's start-up step: Triton's CPU shim, before the conformance tier is imported
+
+from mambafuzz.conform.drive import drive  # noqa: E402
+from mambafuzz.store.corpus import load_case  # noqa: E402
 
 
 def _median_time(fn, reps: int) -> float:

@@ -1,7 +1,8 @@
 """mambafuzz: a differential fuzzer for vLLM's hybrid-model (mamba "align" mode) prefix cache.
 
 The package is layered; data flows one way, scenario -> engine run -> trace -> verdict ->
-triage -> corpus, and each layer imports only the layers listed before it:
+triage -> corpus, and each layer imports only itself and the layers listed before it (`LAYERS`
+below is the order; tests/test_layers.py holds every import to it, function-local ones too):
 
 - `mambafuzz.exit_codes`, `mambafuzz.findings`: the exit codes and error types, and the finding
   vocabulary (kinds, signatures) every part shares.
@@ -15,11 +16,31 @@ triage -> corpus, and each layer imports only the layers listed before it:
 - `mambafuzz.checks`: the oracles over a trace, the evaluation pipeline, attribution by candidate
   fixes.
 - `mambafuzz.conform`: the conformance tier (the kernel model held against vLLM's worker code).
+- `mambafuzz.tools`: fix cost, coverage replay, vLLM environments and the version matrix,
+  mutation testing: libraries over the checks that campaigns (planted mutants) and exports (the
+  fix's cost) use, so they sit below both.
 - `mambafuzz.search`: campaigns (supervisor, worker protocol and runtimes, fuzz targets, scoped
-  instrumentation), triage, the minimizer, the coverage map and planted bugs.
+  instrumentation), triage, the minimizer, the coverage map and planted bugs, and the one
+  start-up step of a process that runs scenarios (`mambafuzz.search.startup.prepare_worker`:
+  the planted bug, `--patch` fixes, known fixes, Triton's CPU shim). Importing a module plants,
+  patches or enables nothing.
 - `mambafuzz.engine_tier`: real vLLM engines on CPU (end-to-end confirmation, the audit plugin).
 - `mambafuzz.upstream`: exported tests and reports for vLLM's maintainers.
-- `mambafuzz.tools`: fix cost, coverage replay, vLLM environments and the version matrix,
-  mutation testing.
 - `mambafuzz.cli`: the `mambafuzz` command and the CI helpers.
 """
+
+# The layers, lowest first: a module may import its own layer and the layers before it, never a
+# later one. Each entry names top-level modules or subpackages of `mambafuzz`.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("exit_codes", "findings"),
+    ("model",),
+    ("sim",),
+    ("store",),
+    ("checks",),
+    ("conform",),
+    ("tools",),
+    ("search",),
+    ("engine_tier",),
+    ("upstream",),
+    ("cli",),
+)

@@ -5,9 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from mambafuzz.conform import compare as conform_check
-from mambafuzz.sim.kernel_model import KernelModel
-from mambafuzz.store.corpus import load_case
+from mambafuzz.search.startup import prepare_process
+
+prepare_process(conform=True)  # this process's start-up step: Triton's CPU shim, before the conformance tier is imported
+
+from mambafuzz.conform import compare as conform_check  # noqa: E402
+from mambafuzz.sim.kernel_model import KernelModel  # noqa: E402
+from mambafuzz.store.corpus import load_case  # noqa: E402
 
 UPSTREAM = Path(__file__).resolve().parent.parent / "corpus" / "upstream"
 V1_SKIP = UPSTREAM / "v1_unscheduled_step_forgets_accepted_tokens" / "v1_unscheduled_step_forgets_accepted_tokens.json"

@@ -59,6 +59,9 @@ import sys
 sys.path.insert(0, {str(ROOT)!r})
 from mambafuzz.search.target_runtime import Runtime  # what the target imports first
 from mambafuzz.search.instrumentation import instrument_target
+from mambafuzz.search.startup import prepare_worker
+from mambafuzz.search.worker_protocol import WorkerConfig
+prepare_worker(WorkerConfig(target="conform"))  # then its start-up step
 n = instrument_target("conform")
 import mambafuzz.checks.oracle
 from mambafuzz.conform import compare as conform_check, v1 as conform_vllm

@@ -1,5 +1,6 @@
-"""The package layout says which parts touch vLLM (mambafuzz/__init__.py): every module lives in a
-group, the input model imports no vLLM, and only the groups that must reach vLLM import it."""
+"""The package layout says which parts touch vLLM (mambafuzz/__init__.py): the input model imports
+no vLLM, and only the groups that must reach vLLM import it. (That every module lives in one of
+the layers, and that imports point down only: tests/test_layers.py.)"""
 
 from __future__ import annotations
 
@@ -9,18 +10,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "mambafuzz"
-GROUPS = {"model", "sim", "checks", "conform", "search", "store", "engine_tier", "upstream", "tools", "cli"}
-
-
-def test_every_module_lives_in_a_group_the_package_docstring_names():
-    loose = sorted(p.name for p in PKG.glob("*.py") if p.name not in {"__init__.py", "exit_codes.py", "findings.py"})
-    assert not loose, f"modules outside a group: {loose}"
-    dirs = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert dirs == GROUPS
-    for group in GROUPS:
-        import mambafuzz
-
-        assert f"`mambafuzz.{group}`" in mambafuzz.__doc__, group
 
 
 def test_the_input_model_imports_no_vllm():
@@ -34,7 +23,9 @@ def test_the_search_and_store_groups_reach_vllm_only_through_the_simulation():
     """A campaign's own machinery (supervisor, minimizer, corpus) must not import vLLM names: a
     vLLM upgrade touches `mambafuzz.sim` (and the conformance and engine tiers), not these."""
     allowed = {"search/coverage_map.py",  # maps coverage onto vLLM's own source files
-               "store/finding_store.py"}  # records the vLLM version a finding was filed on
+               "store/finding_store.py",  # records the vLLM version a finding was filed on
+               "store/vllm_expectations.py",  # a case's verdicts on the installed vLLM's version
+               "search/startup.py"}  # a process's start-up step turns Triton's CPU shim on
     offenders = []
     for group in ("search", "store", "model"):
         for path in sorted((PKG / group).rglob("*.py")):

@@ -91,17 +91,22 @@ def test_a_bad_mutant_id_is_one_line(bad):
 
 
 def test_mambafuzz_mutant_plants_a_generated_mutant_in_a_fresh_process():
-    """What a fuzz worker does at start-up: importing the bridge plants MAMBAFUZZ_MUTANT."""
+    """What a fuzz worker does at start-up: its start-up step (mambafuzz.search.startup) plants
+    MAMBAFUZZ_MUTANT; importing the bridge (or anything else) plants nothing."""
     m = split_mutant("- return max(end - start, 0) | + return max(end + start, 0)")
-    code = ("import mambafuzz.sim.vllm_bridge\n"
+    code = ("import mambafuzz.sim.vllm_bridge, mambafuzz.checks.pipeline, mambafuzz.search.target_runtime\n"
             "from mambafuzz.tools import mutation as mt\n"
             "from vllm.v1.core.sched.scheduler import Scheduler\n"
             f"mutant = mt.compile_mutant(mt.find({m.id!r}))\n"
-            "print(Scheduler._mamba_block_aligned_split.__code__.co_code == mutant.__code__.co_code)\n")
+            "planted = lambda: Scheduler._mamba_block_aligned_split.__code__.co_code == mutant.__code__.co_code\n"
+            "print(planted())\n"
+            "from mambafuzz.search.startup import prepare_process\n"
+            "prepare_process()\n"
+            "print(planted())\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, MAMBAFUZZ_MUTANT=m.id))
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "True"
+    assert out.stdout.strip().splitlines()[-2:] == ["False", "True"]
 
 
 def test_a_survivor_classified_on_another_source_is_stale():

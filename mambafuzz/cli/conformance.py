@@ -32,7 +32,7 @@ def add_conform_command(sub: Any) -> None:
                    help="also check generated scenarios for this long")
     c.add_argument("--seed", type=int, default=1, metavar="N", help="PRNG seed for --random (default 1)")
     add_patch_argument(c)  # a case filed by `fuzz --target conform --patch` replays under the same patches
-    c.set_defaults(handler=cmd_conform)
+    c.set_defaults(handler=cmd_conform, conform_kernels=True)  # cli.main's start-up step enables Triton's shim
 
 
 # The releases whose worker code the conformance tier drives (their builders, InputBatch and

@@ -162,12 +162,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from mambafuzz.sim.vllm_compat.resolve import check_all
     from mambafuzz.store.grouping import GROUPS_FILE
 
-    if args.target == "conform":  # before check_all imports vLLM's kernel modules with Triton off, since a
-        from mambafuzz.sim.vllm_compat import (
-            triton_cpu,  # --patch checked here may name a conformance module (which needs them on)
-        )
-
-        triton_cpu.enable()
+    # --target conform: Triton's CPU shim is on already (cli.main's start-up step), before check_all
+    # imports vLLM's kernel modules, since a --patch checked here may name a conformance module
     check_all()  # an unsupported vLLM: one line and exit 3 here, not workers that die silently
     try:
         splits.resolve(args.split)

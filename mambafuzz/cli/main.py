@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mambafuzz.cli.conformance import add_conform_command
 
     add_conform_command(sub)
-    from mambafuzz.upstream.export import add_export_commands
+    from mambafuzz.cli.export import add_export_commands
 
     add_export_commands(sub)
     return p
@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _prepare(args)
         return args.handler(args) if hasattr(args, "handler") else cmd_repro(args)
     except UsageError as exc:
         print(f"mambafuzz: {exc}", file=sys.stderr)
@@ -115,6 +116,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mambafuzz: internal error: {one_line(exc, where=True)} "
               "(a tool failure, not a finding; MAMBAFUZZ_DEBUG=1 prints the traceback)", file=sys.stderr)
         return EXIT_TOOL
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    """The process's start-up step (mambafuzz.search.startup), once, before any command runs: a
+    planted bug (MAMBAFUZZ_MUTANT) and, for the commands that run the conformance tier (`conform`,
+    `fuzz --target conform`), Triton's CPU shim. Imports nothing when there is nothing to do."""
+    from mambafuzz.search.startup import prepare_process
+
+    prepare_process(conform=getattr(args, "conform_kernels", False) or getattr(args, "target", None) == "conform")
 
 
 def _split_or_usage(name: str):

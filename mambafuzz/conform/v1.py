@@ -40,7 +40,7 @@ from types import SimpleNamespace
 
 from mambafuzz.sim.vllm_compat import triton_cpu
 
-triton_cpu.enable()
+triton_cpu.require()  # the process's start-up step enabled it (mambafuzz.search.startup)
 
 import torch  # noqa: E402
 

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 
 from mambafuzz.sim.vllm_compat import triton_cpu
 
-triton_cpu.enable()  # before any vLLM kernel module is imported
+triton_cpu.require()  # enabled by the process's start-up step, before any vLLM kernel module is imported
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from mambafuzz.model import generate
 from mambafuzz.model.scenario import Scenario, ScenarioError, from_json, validate
-from mambafuzz.store.corpus import COMPANION_SUFFIXES
 
 MAX_INPUT_BYTES = 1 << 20
+# Files beside a case that are not inputs: a finding's analysis (.md) and candidate fix (.py).
+COMPANION_SUFFIXES = (".md", ".py")
 
 
 def decode_json_case(data: bytes) -> Scenario | None:

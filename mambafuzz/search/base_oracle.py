@@ -92,9 +92,9 @@ class BaseOracle:
 def serve(settings: dict) -> int:
     from mambafuzz.checks.pipeline import evaluate
     from mambafuzz.model.scenario import ScenarioError, loads
-    from mambafuzz.sim.vllm_bridge import apply_worker_patches
+    from mambafuzz.search.startup import prepare_process
 
-    apply_worker_patches([], settings.get("known_fix_dirs", []))
+    prepare_process(known_fix_dirs=settings.get("known_fix_dirs", []))  # no planted bug: base_env drops it
     split = settings["split"]
     for line in sys.stdin:
         try:

@@ -2,15 +2,14 @@
 KV-cache functions, each a list of reversible patches of the installed vLLM (mambafuzz.sim.patching).
 
 `MAMBAFUZZ_MUTANT=<name>` in the environment applies one (or a generated mutant,
-`mm:<Class.function>:<n>`, from mambafuzz.tools.mutation) when `mambafuzz.sim.vllm_bridge` is imported,
-so the fuzzer's worker processes run against the mutant; `bench/mutation_score.py` measures
+`mm:<Class.function>:<n>`, from mambafuzz.tools.mutation) in each process's start-up step
+(`mambafuzz.search.startup.prepare_process`), so the fuzzer's worker processes run against the mutant; `bench/mutation_score.py` measures
 which mutants the fuzzer kills from an empty corpus on `--split fixed`. `confirms_kill` is the
 honest part: a finding kills a mutant only if it fails with the mutant and is clean without.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from mambafuzz.sim import patching, splits
@@ -239,13 +238,6 @@ def apply(name: str) -> None:
     """Plant `name` for the rest of this process."""
     for p in patches(name):
         patching.apply_one(p)
-
-
-def apply_from_env() -> str | None:
-    name = os.environ.get("MAMBAFUZZ_MUTANT")
-    if name:
-        apply(name)
-    return name
 
 
 def confirms_kill(scenario, split: str, name: str, signature: str | None = None) -> tuple[bool, str]:

@@ -24,8 +24,10 @@ def main() -> int:
         from mambafuzz.model.generate import random_scenario
         from mambafuzz.model.inputs import decode_input, iter_input_files
         from mambafuzz.model.scenario import validate
+        from mambafuzz.search.startup import prepare_worker
         from mambafuzz.search.target_runtime import Runtime, current_rss_mb
 
+        prepare_worker(config)
         runtime = Runtime(config)
     except Exception as exc:  # noqa: BLE001 - said as one event; the supervisor fails the campaign
         emit("error", message=one_line(exc))

@@ -33,9 +33,7 @@ Verdict = tuple[str, ...] | None  # (signature, message[, fine signature]) of a 
 
 class Runtime:
     def __init__(self, config: WorkerConfig):
-        from mambafuzz.sim.vllm_bridge import apply_worker_patches
-
-        apply_worker_patches(config.patches, config.known_fix_dirs)
+        """Runs inputs in a process its entry point prepared (mambafuzz.search.startup.prepare_worker)."""
         self.config = config
         if config.target == "conform":
             from mambafuzz.conform import compare as conform_check

@@ -14,7 +14,7 @@ import logging
 import os
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -476,26 +476,3 @@ class SchedulerSession:
 
 def is_waiting_for_remote_kv(req: Request) -> bool:
     return req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
-
-
-def _apply_planted_bug() -> None:
-    """Mutation testing only: MAMBAFUZZ_MUTANT names a planted bug from mambafuzz.search.mutants."""
-    if os.environ.get("MAMBAFUZZ_MUTANT"):
-        from mambafuzz.search import mutants
-
-        mutants.apply_from_env()
-
-
-def apply_worker_patches(patch_specs: Sequence[str], known_fix_dirs: Sequence[str]) -> None:
-    """A fuzz worker's `--patch` specs and `--with-known-fixes` directories (its WorkerConfig),
-    applied for the rest of the process, after any planted bug."""
-    for spec in patch_specs:
-        for p in patching.load_patches(spec):
-            patching.apply_one(p)
-    if known_fix_dirs:
-        from mambafuzz.store.known_bugs import apply_known_fixes
-
-        apply_known_fixes([Path(d) for d in known_fix_dirs])
-
-
-_apply_planted_bug()

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mambafuzz.checks import vllm_expectations
+from mambafuzz.model.inputs import COMPANION_SUFFIXES
 from mambafuzz.model.scenario import RUNNERS, Scenario, ScenarioError, from_json
+from mambafuzz.store import vllm_expectations
 
 MAX_FILE_BYTES = 1 << 20
 KNOWN_KINDS = ("clean", "slot_hash", "resume_state", "stale_read", "uninit_read", "nocache_stale_read",
@@ -177,8 +178,6 @@ def content_name(data: str | bytes, suffix: str = ".json") -> str:
     return hashlib.sha1(blob).hexdigest()[:16] + suffix
 
 
-# Files that live beside cases on purpose (a finding's analysis, its candidate fix): not junk.
-COMPANION_SUFFIXES = (".md", ".py")
 PRE_EXISTING = "pre-existing"  # FINDINGS/pre-existing/: what a PR's base shows too (never new)
 
 

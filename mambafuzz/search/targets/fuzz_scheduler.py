@@ -26,10 +26,12 @@ try:
     import atheris
 
     from mambafuzz.search.instrumentation import instrument_target
+    from mambafuzz.search.startup import prepare_worker
     from mambafuzz.search.target_runtime import Runtime
     from mambafuzz.search.worker_protocol import WorkerConfig
 
     CONFIG = WorkerConfig.from_environment()
+    prepare_worker(CONFIG)  # before instrumenting, so a planted bug's functions are instrumented
     INSTRUMENTED = instrument_target(CONFIG.target)
     RUNTIME = Runtime(CONFIG)
 except Exception as exc:  # noqa: BLE001 - one event, then a tool-failure exit; never a "crash" finding

@@ -6,6 +6,10 @@ placeholders), so every `@triton.jit` kernel vLLM defines is inert. With `TRITON
 imported, the kernels are defined for real and run in the interpreter on CPU tensors (slowly).
 The variable is set only while kernels are defined or run (`interpreting`), so a subprocess this
 process starts later (a real engine) does not inherit it.
+
+Nothing here acts on import: a process that runs the conformance tier turns the shim on in its
+start-up step (mambafuzz.search.startup.prepare_process(conform=True)); the conformance modules
+only `require()` it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,25 @@ def interpreting() -> Iterator[None]:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = old
+
+
+def enabled() -> bool:
+    """Whether vLLM's `triton`/`tl` are the installed triton (after `enable()`, or on a platform
+    where vLLM uses Triton anyway)."""
+    import triton
+
+    from mambafuzz.sim.vllm_compat.api import triton_utils_module as tu
+
+    return tu.triton is triton
+
+
+def require() -> None:
+    """Refuse (InterpreterUnavailable) unless `enable()` has run in this process: a kernel module
+    imported now would keep the placeholder Triton, and its kernels would do nothing."""
+    if not enabled():
+        raise InterpreterUnavailable("Triton's CPU shim is off: the process's start-up step turns it on "
+                                     "(mambafuzz.search.startup.prepare_process(conform=True)) before the "
+                                     "conformance tier is imported")
 
 
 def enable(reimport_stale: bool = False) -> None:

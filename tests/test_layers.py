@@ -1,0 +1,271 @@
+"""The layers in mambafuzz/__init__.py (`LAYERS`) are one-way: every import in mambafuzz/**, the
+ones inside functions too (and `importlib.import_module("mambafuzz...")` with a literal name),
+points to its own layer or a lower one, the modules import one another without a cycle, and no
+module plants, patches or enables anything when it is imported.
+
+Read from the source (AST), not from a running interpreter, so a function-local import that no
+test happens to reach is held to the order as well."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import mambafuzz
+from mambafuzz import LAYERS
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "mambafuzz"
+
+# TEMPORARY, deleted at the merge of the triage split (search/triage.py takes triage out of the
+# store): the store's edges into checks and search that the triage engineer removes. Each entry is
+# (importing module, imported module).
+PENDING_TRIAGE_SPLIT = {
+    ("mambafuzz.store.finding_store", "mambafuzz.checks.attribution"),
+    ("mambafuzz.store.finding_store", "mambafuzz.checks.pipeline"),
+    ("mambafuzz.store.finding_store", "mambafuzz.search.minimizer"),
+}
+
+# Module-level calls whose names say they plant, patch or enable something (`mutants.apply`,
+# `triton_cpu.enable`, a bridge's `_apply_planted_bug`, ...): on import they would change the process for
+# whoever imports. The one start-up step (mambafuzz.search.startup.prepare_worker) does these
+# when an entry point asks.
+SIDE_EFFECT_WORDS = ("apply", "plant", "patch", "enable", "install", "prepare")
+# Scripts, run and never imported: their top level is their entry point, which calls the step.
+ENTRY_SCRIPTS = {"mambafuzz/search/targets/fuzz_scheduler.py"}  # the atheris target (libFuzzer re-runs it)
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str  # importing module
+    target: str  # imported module (the deepest mambafuzz module the name resolves to)
+    where: str  # path:line
+    lazy: bool  # inside a function
+
+
+def module_name(rel: Path) -> str:
+    """mambafuzz/sim/harness.py -> mambafuzz.sim.harness; a package's __init__ is the package."""
+    parts = list(rel.with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of `module` ("mambafuzz.sim.harness" -> the index of ("sim",))."""
+    parts = module.split(".")
+    if len(parts) == 1:  # the package itself: the docstring and LAYERS
+        return 0
+    for i, layer in enumerate(LAYERS):
+        if parts[1] in layer:
+            return i
+    raise KeyError(f"{module}: in no layer of mambafuzz.LAYERS")
+
+
+def layer_name(i: int) -> str:
+    return "/".join(LAYERS[i])
+
+
+def package_sources(pkg: Path = PKG) -> dict[str, tuple[str, str]]:
+    """module name -> (path relative to the checkout, source) for every module under `pkg`."""
+    return {module_name(p.relative_to(pkg.parent)): (str(p.relative_to(pkg.parent)), p.read_text())
+            for p in sorted(pkg.rglob("*.py"))}
+
+
+def _resolve(name: str, modules: Iterable[str]) -> str | None:
+    """The deepest known module `name` names: `mambafuzz.sim.harness.evaluate` -> `mambafuzz.sim.harness`."""
+    modules = set(modules)
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imported_names(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = module.split(".") if is_package else module.split(".")[:-1]
+            base = base[:len(base) - (node.level - 1)]
+            prefix = ".".join(base + ([node.module] if node.module else []))
+        else:
+            prefix = node.module or ""
+        return [f"{prefix}.{a.name}" for a in node.names] + [prefix]
+    if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                 or (isinstance(node.func, ast.Name) and node.func.id in {"import_module", "__import__"}))):
+        return [node.args[0].value]
+    return []
+
+
+def _edges_under(node: ast.AST, module: str, path: str, modules: Mapping[str, object], lazy: bool) -> Iterable[Edge]:
+    names = [n for n in _imported_names(node, module, path.endswith("__init__.py")) if n.split(".")[0] == "mambafuzz"]
+    targets = {_resolve(n, modules) for n in names} - {None, module}
+    if isinstance(node, ast.ImportFrom) and len(targets) > 1:
+        # `from mambafuzz.sim import harness`: the submodule, not the package as well
+        targets.discard(_resolve(names[-1], modules))
+    for target in sorted(targets):
+        yield Edge(module, target, f"{path}:{node.lineno}", lazy)
+    inner = lazy or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+    for child in ast.iter_child_nodes(node):
+        yield from _edges_under(child, module, path, modules, inner)
+
+
+def import_edges(sources: Mapping[str, tuple[str, str]]) -> list[Edge]:
+    """Every import of one mambafuzz module by another, module-level or function-local."""
+    return [e for module, (path, text) in sources.items()
+            for e in _edges_under(ast.parse(text, filename=path), module, path, sources, False)]
+
+
+def back_edges(edges: Iterable[Edge], allowed: set[tuple[str, str]] = frozenset()) -> list[str]:
+    """'path:line source -> target (from-layer -> to-layer)' for each edge that points up."""
+    out = []
+    for e in edges:
+        src, dst = layer_of(e.source), layer_of(e.target)
+        if dst > src and (e.source, e.target) not in allowed:
+            out.append(f"{e.where} {e.source} -> {e.target} ({layer_name(src)} -> {layer_name(dst)})"
+                       + (" [in a function]" if e.lazy else ""))
+    return out
+
+
+def cycles(edges: Iterable[Edge]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        graph.setdefault(e.source, set()).add(e.target)
+        graph.setdefault(e.target, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def strongconnect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            strongconnect(v)
+    return sorted(found)
+
+
+def import_time_side_effects(sources: Mapping[str, tuple[str, str]]) -> list[str]:
+    """'path:line call()' for each module-level call whose name has one of SIDE_EFFECT_WORDS
+    (outside any function or class body, `if __name__ == "__main__":` blocks excepted)."""
+    return [f"{path}:{line} {call}" for path, text in sources.values() if path not in ENTRY_SCRIPTS
+            for line, call in _module_level_calls(ast.parse(text, filename=path))
+            if any(w in call.rpartition(".")[2].lower() for w in SIDE_EFFECT_WORDS)]
+
+
+def _module_level_calls(node: ast.AST) -> Iterable[tuple[int, str]]:
+    """(line, 'name()') of each call run on import: not in a function or class body, nor under
+    `if __name__ == "__main__":`."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+        return
+    if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+        return
+    if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)):
+        yield node.lineno, f"{ast.unparse(node.func)}()"
+    for child in ast.iter_child_nodes(node):
+        yield from _module_level_calls(child)
+
+
+# ---- the package -------------------------------------------------------------------------
+
+SOURCES = package_sources()
+EDGES = import_edges(SOURCES)
+
+
+def test_every_module_is_in_one_layer_and_the_docstring_names_them_in_order():
+    names = [n for layer in LAYERS for n in layer]
+    assert len(names) == len(set(names)), "a name in two layers"
+    tops = {p.stem for p in PKG.glob("*.py") if p.name != "__init__.py"}
+    tops |= {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert tops == set(names), f"in no layer: {sorted(tops - set(names))}; no such module: {sorted(set(names) - tops)}"
+    doc = mambafuzz.__doc__
+    positions = [doc.index(f"`mambafuzz.{n}`") for n in names]
+    assert positions == sorted(positions), "the docstring lists the layers in another order than LAYERS"
+
+
+def test_imports_point_only_to_the_same_or_a_lower_layer():
+    bad = back_edges(EDGES, PENDING_TRIAGE_SPLIT)
+    assert not bad, f"{len(bad)} import(s) against the layer order (mambafuzz.LAYERS):\n" + "\n".join(bad)
+
+
+def test_the_pending_triage_allowlist_holds_only_edges_that_still_exist():
+    present = {(e.source, e.target) for e in EDGES}
+    stale = sorted(PENDING_TRIAGE_SPLIT - present)
+    assert not stale, f"gone from the code, delete from PENDING_TRIAGE_SPLIT: {stale}"
+
+
+def test_no_import_cycles():
+    found = cycles(EDGES)
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_nothing_plants_patches_or_enables_at_import_time():
+    found = import_time_side_effects(SOURCES)
+    assert not found, ("module-level calls that change the process on import (call them from "
+                       "an entry point's start-up step, mambafuzz.search.startup.prepare_process, instead):\n" + "\n".join(found))
+
+
+# ---- the checker fails when it should ------------------------------------------------------
+
+def _with(extra: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """The package's module names with no imports of their own, plus `extra` ({path: source})."""
+    sources = {module: (path, "") for module, (path, _) in SOURCES.items()}
+    for path, text in extra.items():
+        sources[module_name(Path(path))] = (path, text)
+    return sources
+
+
+def test_a_planted_back_edge_is_reported_with_its_place_and_layers():
+    sources = _with({"mambafuzz/sim/x.py": "import os\n\n\ndef f():\n    from mambafuzz.search import supervisor\n"})
+    bad = back_edges(import_edges(sources), PENDING_TRIAGE_SPLIT)
+    assert bad == ["mambafuzz/sim/x.py:5 mambafuzz.sim.x -> mambafuzz.search.supervisor (sim -> search) [in a function]"]
+
+
+@pytest.mark.parametrize("text", [
+    "import mambafuzz.cli.main\n",
+    "from mambafuzz.upstream.export import test_source\n",
+    "from ..store import corpus\n",
+    "import importlib\nM = importlib.import_module('mambafuzz.checks.pipeline')\n",
+])
+def test_every_import_form_is_seen(text):
+    bad = back_edges(import_edges(_with({"mambafuzz/model/x.py": text})))
+    assert len(bad) == 1 and bad[0].startswith("mambafuzz/model/x.py:"), bad
+
+
+def test_a_planted_cycle_is_reported():
+    sources = _with({"mambafuzz/model/a.py": "def f():\n    import mambafuzz.model.b\n",
+                     "mambafuzz/model/b.py": "from mambafuzz.model import a\n"})
+    assert ["mambafuzz.model.a", "mambafuzz.model.b"] in cycles(import_edges(sources))
+
+
+def test_a_planted_import_time_patch_is_reported():
+    sources = _with({"mambafuzz/sim/x.py": "import os\n\nif os.environ.get('M'):\n    _apply_planted_bug()\n",
+                     "mambafuzz/conform/x.py": "def f():\n    triton_cpu.enable()\n"})  # in a function: fine
+    assert import_time_side_effects(sources) == ["mambafuzz/sim/x.py:4 _apply_planted_bug()"]
