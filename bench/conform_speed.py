@@ -15,6 +15,7 @@ import time
 
 from bench.harness_speed import bare_run
 from mambafuzz.conform.drive import drive
+from mambafuzz.model import runners as model_runners
 from mambafuzz.store.corpus import load_case
 
 
@@ -30,7 +31,8 @@ def _median_time(fn, reps: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--runners", default="v1,v2", help="comma-separated: v1, v2")
+    ap.add_argument("--runners", default=",".join(model_runners.names()),
+                    help=f"comma-separated: {', '.join(model_runners.names())} (default: all)")
     ap.add_argument("files", nargs="+")
     args = ap.parse_args()
     runners = tuple(args.runners.split(","))

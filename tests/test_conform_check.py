@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from mambafuzz.conform import compare as conform_check
+from mambafuzz.model import runners as model_runners
 from mambafuzz.sim.kernel_model import KernelModel
 from mambafuzz.store.corpus import load_case
 
@@ -101,7 +102,7 @@ def row_kind_disagreements(runner: str, k: int, history) -> list:
 
 
 @pytest.mark.parametrize("k", [1, 0], ids=["mtp-k1", "no-spec"])
-@pytest.mark.parametrize("runner", conform_check.RUNNERS)
+@pytest.mark.parametrize("runner", model_runners.names())
 @pytest.mark.parametrize("kind", ROW_KINDS)
 def test_the_mirror_agrees_with_vllms_worker_on_each_row_kind(kind, runner, k):
     history = ROW_KINDS[kind]

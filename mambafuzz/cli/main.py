@@ -14,7 +14,13 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from mambafuzz.cli.options import RUNNER_HELP, SCHEDULING_HELP, SPLIT_HELP, add_patch_argument, patches_or_usage
+from mambafuzz.cli.options import (
+    SCHEDULING_HELP,
+    SPLIT_HELP,
+    add_patch_argument,
+    add_runner_argument,
+    patches_or_usage,
+)
 from mambafuzz.exit_codes import (
     EXIT_CLEAN,
     EXIT_FOUND,
@@ -57,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("files", nargs="+", metavar="FILE")
     r.add_argument("--split", default="fixed", help=SPLIT_HELP)
     add_patch_argument(r)
-    r.add_argument("--runner", choices=("v1", "v2"), default=None, help=RUNNER_HELP)
+    add_runner_argument(r)
     r.add_argument("--scheduling", choices=("sync", "async", "default"), default=None, help=SCHEDULING_HELP)
     r.add_argument("--trace", action="store_true", help="print a step table: chunks, slot writes, new hashes")
     r.add_argument("--json", action="store_true", help="print one JSON object per file instead of text")

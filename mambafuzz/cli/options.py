@@ -6,14 +6,21 @@ from __future__ import annotations
 import argparse
 
 from mambafuzz.exit_codes import UsageError
+from mambafuzz.model import runners
 
 SPLIT_HELP = ("chunk split under test: fixed (installed vLLM, default), prefix (pre-fix behaviour, both gates), "
               "realign (only the pre-fix mid-block realign gate), or package.module:function "
               "(same signature as Scheduler._mamba_block_aligned_split)")
 
-RUNNER_HELP = ("vLLM model runner the kernel model mirrors: v1 (gpu_model_runner.py) or v2 "
-               "(gpu/model_runner.py); default: the scenario's engine.runner, else what vLLM 0.32 picks on a "
-               "CUDA host for its config (v2 for every config the scenarios express)")
+
+def add_runner_argument(p: argparse.ArgumentParser) -> None:
+    """--runner: one model runner from the registry (mambafuzz.model.runners), read when the parser
+    is built."""
+    p.add_argument("--runner", choices=runners.names(), default=None,
+                   help=f"vLLM model runner the kernel model mirrors: {runners.help_text()}; default: the "
+                        "scenario's engine.runner, else what vLLM 0.32 picks on a CUDA host for its config (v2 for "
+                        "every config the scenarios express)")
+
 
 SCHEDULING_HELP = ("scheduler and engine-core loop to drive: sync (Scheduler, EngineCore.step), async "
                    "(AsyncScheduler, EngineCore.step_with_batch_queue, 2 batches in flight) or default (what vLLM "

@@ -38,10 +38,10 @@ class Runtime:
         apply_worker_patches(config.patches, config.known_fix_dirs)
         self.config = config
         if config.target == "conform":
-            from mambafuzz.conform import compare as conform_check
             from mambafuzz.conform import target as conform_target
+            from mambafuzz.model import runners as model_runners
 
-            runners = (config.runner,) if config.runner else conform_check.RUNNERS
+            runners = (config.runner,) if config.runner else model_runners.names()
             self._judge = lambda s: conform_target.verdict(s, runners)
             # No known bugs: they are the oracles' business, and attributed by replaying those.
             self.store = FindingStore(Path(config.findings), config.split, known_bugs=[],

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from mambafuzz.checks import vllm_expectations
-from mambafuzz.model.scenario import RUNNERS, Scenario, ScenarioError, from_json
+from mambafuzz.model.runners import RUNNERS
+from mambafuzz.model.scenario import Scenario, ScenarioError, from_json
 
 MAX_FILE_BYTES = 1 << 20
 KNOWN_KINDS = ("clean", "slot_hash", "resume_state", "stale_read", "uninit_read", "nocache_stale_read",
