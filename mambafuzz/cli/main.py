@@ -19,6 +19,7 @@ from mambafuzz.cli.options import (
     SPLIT_HELP,
     add_patch_argument,
     add_runner_argument,
+    either,
     patches_or_usage,
 )
 from mambafuzz.exit_codes import (
@@ -31,6 +32,7 @@ from mambafuzz.exit_codes import (
     UsageError,
     one_line,
 )
+from mambafuzz.search import generators
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read each FILE as a fuzzing corpus input (corpus/generated, a libFuzzer crash-* file): "
                         "decoded exactly as the fuzz targets decode it, scenario JSON when it parses, else the "
                         "bytes decoder")
-    r.add_argument("--decoder", choices=("bytes", "hypothesis"), default="bytes",
-                   help="with --raw: the decoder of the engine that kept the input: bytes (atheris, random; "
-                        "the default) or hypothesis (--engine hypothesis)")
+    r.add_argument("--decoder", choices=tuple(generators.decoders()), default="bytes",
+                   help="with --raw: the decoder of the generator that kept the input (default bytes): "
+                        + either({d: "--generator " + ", ".join(gs) for d, gs in generators.decoders().items()}))
     r.add_argument("--all-versions", action="store_true",
                    help="replay in every vLLM environment found (this one, .venv-vllm-* in the checkout, the "
                         "environments MAMBAFUZZ_VLLM_ENVS lists) and say in which each case reproduces (exit 1 if "

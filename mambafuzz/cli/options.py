@@ -13,11 +13,18 @@ SPLIT_HELP = ("chunk split under test: fixed (installed vLLM, default), prefix (
               "(same signature as Scheduler._mamba_block_aligned_split)")
 
 
+def either(described: dict[str, str]) -> str:
+    """`a (what a is), b (...) or c (...)`: a registry's choices for a help text."""
+    parts = [f"{name} ({what})" for name, what in described.items()]
+    return ", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else "".join(parts)
+
+
 def add_runner_argument(p: argparse.ArgumentParser) -> None:
     """--runner: one model runner from the registry (mambafuzz.model.runners), read when the parser
     is built."""
     p.add_argument("--runner", choices=runners.names(), default=None,
-                   help=f"vLLM model runner the kernel model mirrors: {runners.help_text()}; default: the "
+                   help="vLLM model runner the kernel model mirrors: "
+                        f"{either({r.name: r.source for r in runners.RUNNERS.values()})}; default: the "
                         "scenario's engine.runner, else what vLLM 0.32 picks on a CUDA host for its config (v2 for "
                         "every config the scenarios express)")
 

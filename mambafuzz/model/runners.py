@@ -62,8 +62,3 @@ def picked_by_vllm(use_v2_model_runner: bool) -> Runner:
                             f"{bool(use_v2_model_runner)} ({', '.join(r.name for r in found) or 'none'}); need one")
     return found[0]
 
-
-def help_text() -> str:
-    """The runner choices for an option's help: `v1 (gpu_model_runner.py) or v2 (gpu/model_runner.py)`."""
-    parts = [f"{r.name} ({r.source})" for r in RUNNERS.values()]
-    return ", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else "".join(parts)

@@ -42,13 +42,13 @@ class WorkerConfig:
     target: str = "scheduler"  # one of TARGETS
     split: str = "fixed"
     findings: str = "findings"
-    generator: str = "random"  # random | atheris | hypothesis
+    generator: str = "random"  # a registered generator (mambafuzz.search.generators)
     stop_on_first: bool = False
     minimize_budget: float = 30.0
     known_dirs: list[str] = field(default_factory=list)
     patches: list[str] = field(default_factory=list)  # --patch specs, applied to vLLM for every run
     known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: these known bugs' fixes
-    runner: str | None = None  # v1 | v2: every scenario runs on it; None: each scenario's own engine.runner
+    runner: str | None = None  # a registered model runner: every scenario runs on it; None: each scenario's own engine.runner
     base: str | None = None  # PR mode: the base vLLM ("installed" or an overlay dir; mambafuzz.search.base_oracle)
     # (conform target: the runner checked; None: both)
     scheduling: str | None = None  # sync | async | default: every scenario runs so; None: each scenario's own
@@ -71,8 +71,11 @@ class WorkerConfig:
 
     @property
     def decoder(self) -> str:
-        """How raw inputs become scenarios: the Hypothesis generator reads bytes its own way."""
-        return "hypothesis" if self.generator == "hypothesis" else "bytes"
+        """How raw inputs become scenarios: the generator's own decoder (the Hypothesis generator
+        reads bytes its own way)."""
+        from mambafuzz.search import generators  # it imports this module
+
+        return generators.get(self.generator).decoder
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self), indent=1))

@@ -68,7 +68,7 @@ def corpus_scenarios() -> list:
 
 
 def grid_scenarios(n: int, seed: int, engine_overrides: dict | None = None) -> list:
-    """`n` generated scenarios (the random engine's generator), optionally with engine knobs forced."""
+    """`n` generated scenarios (the random generator's draw), optionally with engine-config knobs forced."""
     import dataclasses
 
     from mambafuzz.model.generate import random_scenario
