@@ -173,6 +173,14 @@ def test_the_supervisor_starts_what_the_generators_entry_launches(t_gen, tmp_pat
     assert WorkerConfig(generator="t-gen").decoder == "hypothesis"  # the worker decodes as its entry says
 
 
+def test_every_generators_decoder_exists():
+    from mambafuzz.model.inputs import DECODERS, decode_input
+
+    assert {g.decoder for g in generators.GENERATORS.values()} <= set(DECODERS)
+    with pytest.raises(ValueError, match="unknown decoder 'nope'"):
+        decode_input(b"x", "nope")  # not the bytes decoder
+
+
 def test_an_unknown_generator_is_a_one_line_error_not_libfuzzer(tmp_path):
     from mambafuzz.search import supervisor
 
