@@ -19,6 +19,7 @@ from mambafuzz.search.startup import prepare_process
 prepare_process(conform=True)  # this process's start-up step: Triton's CPU shim, before the conformance tier is imported
 
 from mambafuzz.conform.drive import drive  # noqa: E402
+from mambafuzz.model import runners as model_runners  # noqa: E402
 from mambafuzz.store.corpus import load_case  # noqa: E402
 
 
@@ -34,7 +35,8 @@ def _median_time(fn, reps: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--runners", default="v1,v2", help="comma-separated: v1, v2")
+    ap.add_argument("--runners", default=",".join(model_runners.names()),
+                    help=f"comma-separated: {', '.join(model_runners.names())} (default: all)")
     ap.add_argument("files", nargs="+")
     args = ap.parse_args()
     runners = tuple(args.runners.split(","))

@@ -55,6 +55,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from mambafuzz.checks import pipeline
+from mambafuzz.model import runners as model_runners
 from mambafuzz.model.scenario import (
     EngineConfig,
     RequestSpec,
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="rounds of the whole suite per steady-state mode (default 40: about 240 runs, a dozen "
                          "full-collection periods of the 10k modes)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    ap.add_argument("--runner", choices=("v1", "v2"), default=None,
+    ap.add_argument("--runner", choices=model_runners.names(), default=None,
                     help="the model runner the harness models (default: what vLLM picks on a CUDA host per config)")
     ap.add_argument("--scheduling", choices=("sync", "async"), default=None,
                     help="the engine-core loop for every scenario, the bare loop's included (default: vLLM's pick on "

@@ -36,6 +36,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from mambafuzz.search import generators  # noqa: E402  (imports no vLLM)
+
 CLASSES = ROOT / "bench" / "mutation_classes.json"
 KNOWN = ["corpus/regressions", "corpus/upstream"]
 INTERRUPTED = {130, -2, -9, -15, 137, 143}
@@ -204,7 +207,7 @@ def main() -> int:
     p.add_argument("--sample-seed", type=int, default=21)
     p.add_argument("--max-time", type=float, default=30)
     p.add_argument("--minimize-budget", type=float, default=5)
-    p.add_argument("--generator", default="random", choices=("random", "atheris", "hypothesis"))
+    p.add_argument("--generator", default=generators.DEFAULT, choices=generators.names())
     p.add_argument("--parallel", type=int, default=1, help="campaigns at once (each is two processes)")
     p.add_argument("--shard", default="1/1", help="K/N: run the mutants whose index mod N is K-1")
     p.add_argument("--jsonl", metavar="OUT", help="append a line per mutant; resume from what is there")

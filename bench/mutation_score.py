@@ -36,7 +36,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-GENERATORS = ("atheris", "hypothesis", "random")
+
+from mambafuzz.search import generators  # noqa: E402  (imports no vLLM)
+
 INTERRUPTED = {130, -2, -9, -15, 137, 143}
 CONFIRM_LOCK = threading.Lock()
 
@@ -132,8 +134,8 @@ def main() -> int:
     from mambafuzz.search.mutants import MUTANTS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--generators", "--engines", dest="generators", nargs="+", default=list(GENERATORS),
-                   choices=GENERATORS)
+    p.add_argument("--generators", "--engines", dest="generators", nargs="+", default=list(generators.names()),
+                   choices=generators.names())
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--control-seeds", type=int, default=1, help="seeds for the unmodified control per generator")
     p.add_argument("--max-time", type=float, default=30)

@@ -18,10 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mambafuzz.checks.pipeline import signature_of  # noqa: E402
+from mambafuzz.model import runners as model_runners  # noqa: E402
 from mambafuzz.model.scenario import with_runner, with_scheduling  # noqa: E402
 from mambafuzz.store.corpus import iter_cases  # noqa: E402
 
-RUNNERS = ("v1", "v2")
+RUNNERS = model_runners.names()
 MODES = ("sync", "async")
 
 

@@ -1,11 +1,11 @@
-"""Time-to-bug benchmark, FuzzBench style: for each known-bad split and each engine, fuzz
+"""Time-to-bug benchmark, FuzzBench style: for each known-bad split and each generator, fuzz
 from an empty corpus (no seeds, no known signatures) with several seeds, stop at the first
 finding, and print median/max time and executions to it, plus the minimized case's size and
-the time minimization took.  Also measures each engine's exec/s on `fixed`, and optionally
+the time minimization took.  Also measures each generator's exec/s on `fixed`, and optionally
 the --jobs 2 speed-up.
 
     python bench/time_to_bug.py [--seeds 5] [--max-time 120] [--splits prefix realign]
-                                [--engines atheris hypothesis random] [--exec-rate-seconds 30]
+                                [--generators atheris hypothesis random] [--exec-rate-seconds 30]
                                 [--jobs-speedup] [--json OUT]
 
 A finding counts as the planted bug (the known-bad split) only when it fails under that split
@@ -13,7 +13,7 @@ and replays clean under the installed one (`fixed`); any other first finding (an
 which fails under `fixed` too) is reported as `unconfirmed` and the hunt as not found.
 
 Times: "wall" is from starting `mambafuzz fuzz` (includes ~7 s of importing vLLM); "fuzz" is
-from the worker being ready to run inputs (what the engine itself took).
+from the worker being ready to run inputs (what the generator itself took).
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mambafuzz.search import generators  # noqa: E402  (imports no vLLM)
 
 
 def fuzz(args: list[str], cwd: Path, timeout: float) -> tuple[int, str, float]:
@@ -38,24 +41,24 @@ def fuzz(args: list[str], cwd: Path, timeout: float) -> tuple[int, str, float]:
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
 
-def one_hunt(split: str, engine: str, seed: int, max_time: float) -> dict:
+def one_hunt(split: str, generator: str, seed: int, max_time: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        rc, out, wall = fuzz(["--split", split, "--engine", engine, "--seed", str(seed), "--max-time", str(max_time),
+        rc, out, wall = fuzz(["--split", split, "--generator", generator, "--seed", str(seed), "--max-time", str(max_time),
                               "--stop-on-first", "--corpus", str(tmp / "corpus"), "--seeds", "--known",
                               "--findings", str(tmp / "findings"), "--quiet"], ROOT, max_time + 180)
         found = re.search(r"^\[\s*([\d.]+)s\] FOUND (\S+)", out, re.M)
         files = sorted((tmp / "findings").glob("*.json"))
         if rc != 1 or not found or not files:
-            return {"split": split, "engine": engine, "seed": seed, "found": False, "wall": wall}
+            return {"split": split, "generator": generator, "seed": seed, "found": False, "wall": wall}
         case = json.loads(files[0].read_text())
         meta = case["finding"]
         ok, why = confirms_split_bug(files[0], split)
         if not ok:
-            return {"split": split, "engine": engine, "seed": seed, "found": False, "wall": wall,
+            return {"split": split, "generator": generator, "seed": seed, "found": False, "wall": wall,
                     "unconfirmed": found.group(2), "confirmation": why}
         return {
-            "split": split, "engine": engine, "seed": seed, "found": True,
+            "split": split, "generator": generator, "seed": seed, "found": True,
             "signature": found.group(2), "wall_to_found": float(found.group(1)),
             "fuzz_seconds": meta["origin"].get("seconds"), "execs": meta["origin"].get("execs"),
             "min_requests": meta["minimized"]["requests"], "min_steps": meta["minimized"]["last_step"],
@@ -66,7 +69,6 @@ def one_hunt(split: str, engine: str, seed: int, max_time: float) -> dict:
 
 def confirms_split_bug(path: Path, split: str) -> tuple[bool, str]:
     """Fails under `split`, clean under the installed split: the planted (split) bug itself."""
-    sys.path.insert(0, str(ROOT))
     from mambafuzz.checks.pipeline import evaluate
     from mambafuzz.store.corpus import load_case
 
@@ -79,10 +81,10 @@ def confirms_split_bug(path: Path, split: str) -> tuple[bool, str]:
     return True, "fails under the split, clean under fixed"
 
 
-def exec_rate(engine: str, seconds: float, jobs: int = 1) -> float:
+def exec_rate(generator: str, seconds: float, jobs: int = 1) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        _, out, _ = fuzz(["--split", "fixed", "--engine", engine, "--max-time", str(seconds), "--jobs", str(jobs),
+        _, out, _ = fuzz(["--split", "fixed", "--generator", generator, "--max-time", str(seconds), "--jobs", str(jobs),
                           "--corpus", str(tmp / "c"), "--seeds", "--known", "corpus/regressions", "corpus/upstream",
                           "--findings", str(tmp / "f")],
                          ROOT, seconds + 300)
@@ -103,7 +105,8 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--max-time", type=float, default=120)
     p.add_argument("--splits", nargs="+", default=["prefix", "realign"])
-    p.add_argument("--engines", nargs="+", default=["atheris", "hypothesis", "random"])
+    p.add_argument("--generators", "--engines", dest="generators", nargs="+", default=list(generators.names()),
+                   choices=generators.names(), help="default: every registered one (--engines is the old name)")
     p.add_argument("--exec-rate-seconds", type=float, default=30)
     p.add_argument("--jobs-speedup", action="store_true")
     p.add_argument("--json", metavar="OUT")
@@ -111,11 +114,11 @@ def main() -> int:
 
     results = []
     for split in args.splits:
-        for engine in args.engines:
+        for generator in args.generators:
             for seed in range(1, args.seeds + 1):
-                r = one_hunt(split, engine, seed, args.max_time)
+                r = one_hunt(split, generator, seed, args.max_time)
                 results.append(r)
-                print(f"  {split:8} {engine:10} seed {seed}: "
+                print(f"  {split:8} {generator:10} seed {seed}: "
                       + (f"{r['signature']} after {r['fuzz_seconds']}s fuzz / {r['wall_to_found']}s wall, "
                          f"{r['execs']} execs; minimized to {r['min_requests']} req {r['min_tokens']} tok "
                          f"in {r['min_seconds']}s" if r["found"]
@@ -125,14 +128,14 @@ def main() -> int:
 
     print("\ntime to first finding, from an empty corpus "
           f"({args.seeds} seeds, budget {args.max_time:.0f}s each); median / max")
-    head = f"{'split':8} {'engine':10} {'found':>6} {'fuzz s':>13} {'wall s':>13} {'execs':>13} " \
+    head = f"{'split':8} {'generator':10} {'found':>6} {'fuzz s':>13} {'wall s':>13} {'execs':>13} " \
            f"{'min req':>8} {'min tok':>9} {'min s':>11}"
     print(head)
     for split in args.splits:
-        for engine in args.engines:
-            rs = [r for r in results if r["split"] == split and r["engine"] == engine]
+        for generator in args.generators:
+            rs = [r for r in results if r["split"] == split and r["generator"] == generator]
             ok = [r for r in rs if r["found"]]
-            print(f"{split:8} {engine:10} {len(ok)}/{len(rs):<4} {fmt([r['fuzz_seconds'] for r in ok]):>13} "
+            print(f"{split:8} {generator:10} {len(ok)}/{len(rs):<4} {fmt([r['fuzz_seconds'] for r in ok]):>13} "
                   f"{fmt([r['wall_to_found'] for r in ok]):>13} {fmt([r['execs'] for r in ok], 0):>13} "
                   f"{fmt([r['min_requests'] for r in ok], 0):>8} {fmt([r['min_tokens'] for r in ok], 0):>9} "
                   f"{fmt([r['min_seconds'] for r in ok]):>11}")
@@ -140,15 +143,15 @@ def main() -> int:
     rates = {}
     if args.exec_rate_seconds:
         print(f"\nexec/s on split fixed ({args.exec_rate_seconds:.0f}s each, one job)")
-        for engine in args.engines:
-            rates[engine], last = exec_rate(engine, args.exec_rate_seconds)
-            print(f"  {engine:10} {rates[engine]:7.1f} exec/s   ({last.strip()})")
+        for generator in args.generators:
+            rates[generator], last = exec_rate(generator, args.exec_rate_seconds)
+            print(f"  {generator:10} {rates[generator]:7.1f} exec/s   ({last.strip()})")
     speedup = None
     if args.jobs_speedup:
         one, _ = exec_rate("random", 60, 1)
         two, _ = exec_rate("random", 60, 2)
         speedup = two / one
-        print(f"\n--jobs 2 vs 1 (random engine, fixed, 60s): {two:.1f} vs {one:.1f} exec/s = {speedup:.2f}x")
+        print(f"\n--jobs 2 vs 1 (random generator, fixed, 60s): {two:.1f} vs {one:.1f} exec/s = {speedup:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({"hunts": results, "exec_rates": rates, "jobs2_speedup": speedup},
                                               indent=1))

@@ -10,6 +10,7 @@ from mambafuzz.search.startup import prepare_process
 prepare_process(conform=True)  # this process's start-up step: Triton's CPU shim, before the conformance tier is imported
 
 from mambafuzz.conform import compare as conform_check  # noqa: E402
+from mambafuzz.model import runners as model_runners  # noqa: E402
 from mambafuzz.sim.kernel_model import KernelModel  # noqa: E402
 from mambafuzz.store.corpus import load_case  # noqa: E402
 
@@ -105,7 +106,7 @@ def row_kind_disagreements(runner: str, k: int, history) -> list:
 
 
 @pytest.mark.parametrize("k", [1, 0], ids=["mtp-k1", "no-spec"])
-@pytest.mark.parametrize("runner", conform_check.RUNNERS)
+@pytest.mark.parametrize("runner", model_runners.names())
 @pytest.mark.parametrize("kind", ROW_KINDS)
 def test_the_mirror_agrees_with_vllms_worker_on_each_row_kind(kind, runner, k):
     history = ROW_KINDS[kind]

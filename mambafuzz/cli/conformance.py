@@ -13,6 +13,7 @@ from typing import Any
 
 from mambafuzz.cli.options import add_patch_argument, patches_or_usage
 from mambafuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE, ToolError, one_line
+from mambafuzz.model import runners as model_runners
 
 
 def add_conform_command(sub: Any) -> None:
@@ -26,8 +27,8 @@ def add_conform_command(sub: Any) -> None:
                     "internal checkpoint. Both mixer families. Prints the first row of each kind of "
                     "disagreement. Exit 1 if any, 0 if none, 2 on bad input. Slow: Triton's interpreter.")
     c.add_argument("files", nargs="*", metavar="FILE")
-    c.add_argument("--runner", choices=("v1", "v2"), action="append",
-                   help="model runner(s) to check (default both)")
+    c.add_argument("--runner", choices=model_runners.names(), action="append",
+                   help="model runner(s) to check (default: every one registered)")
     c.add_argument("--random", type=float, default=0.0, metavar="SECONDS",
                    help="also check generated scenarios for this long")
     c.add_argument("--seed", type=int, default=1, metavar="N", help="PRNG seed for --random (default 1)")
@@ -71,7 +72,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
     if not args.files and not args.random:
         print("mambafuzz: give scenario FILEs or --random SECONDS (see --help)", file=sys.stderr)
         return EXIT_USAGE
-    runners = tuple(args.runner or conform_check.RUNNERS)
+    runners = tuple(args.runner or model_runners.names())
     patches = patches_or_usage(args.patch)
     seen: collections.Counter = collections.Counter()
     bad = checked = 0

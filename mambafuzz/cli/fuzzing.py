@@ -8,11 +8,12 @@ import collections
 import sys
 from pathlib import Path
 
-from mambafuzz.cli.options import RUNNER_HELP, SPLIT_HELP, add_patch_argument, patches_or_usage
+from mambafuzz.cli.options import SPLIT_HELP, add_patch_argument, add_runner_argument, either, patches_or_usage
 from mambafuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE, UsageError, one_line
+from mambafuzz.model import runners as model_runners
+from mambafuzz.search import generators
 from mambafuzz.search.worker_protocol import TARGETS
 
-GENERATORS = ("atheris", "hypothesis", "random")
 DEFAULT_KNOWN = ["corpus/regressions", "corpus/upstream"]
 DEFAULT_SEEDS = ["corpus/seeds"]
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # where the corpus lives in a checkout
@@ -20,7 +21,7 @@ TARGET_HELP = ("what judges each input: scheduler (the default: the oracles chec
                "scheduler) or conform (the kernel model, i.e. the simulated worker the oracles rely on, against "
                "vLLM's own worker code called on CPU, row by row, as `mambafuzz conform` does; a disagreement is "
                "filed as conform:<field>/<mixer>@<runner> and replays with `mambafuzz conform FILE --runner R`; "
-               "--runner picks the runner checked, default both; coverage also comes from the kernel model and the "
+               "--runner picks the runner checked, default every one; coverage also comes from the kernel model and the "
                "conformance tier; slow: Triton's interpreter)")
 CONFIRM_HELP = ("Re-run the minimized finding on a real vLLM engine (CPU backend, `mambafuzz engine-repro`) and "
                 "record diverged/agreed/crashed/skipped (with the reason) as finding.engine_confirmation.")
@@ -37,12 +38,11 @@ def add_commands(sub) -> None:
                     "really run (a worker could not start or died, or no input was executed).")
     f.add_argument("--target", choices=TARGETS, default="scheduler", help=TARGET_HELP)
     f.add_argument("--split", default="fixed", help=SPLIT_HELP)
-    f.add_argument("--generator", "--engine", dest="generator", choices=GENERATORS, default="random",
-                   help="what generates inputs: random (seeded, no feedback), atheris (libFuzzer mutation with "
-                        "coverage feedback) or hypothesis (Hypothesis' decoder under the same feedback); default "
-                        "random, the best attributed time to bug in bench/mutation_score.py (README, 'Mutation "
-                        "testing'). --engine is the old name")
-    f.add_argument("--runner", choices=("v1", "v2"), default=None, help=RUNNER_HELP)
+    f.add_argument("--generator", "--engine", dest="generator", choices=generators.names(), default=generators.DEFAULT,
+                   help=f"what generates inputs: {either({g.name: g.description for g in generators.GENERATORS.values()})}; "
+                        f"default {generators.DEFAULT}, the best attributed time to bug in bench/mutation_score.py "
+                        "(README, 'Mutation testing'). --engine is the old name")
+    add_runner_argument(f)
     f.add_argument("--scheduling", choices=("sync", "async", "default"), default=None,
                    help="run every scenario with this scheduler and engine-core loop (sync, async, or default: "
                         "vLLM's pick on a CUDA host); default: each generated scenario's own draw, which covers "
@@ -78,7 +78,8 @@ def add_commands(sub) -> None:
     f.add_argument("--confirm-engine", action="store_true", help=CONFIRM_HELP + " After the campaign, for every "
                    "minimized finding it filed (not flaky ones; skipped after Ctrl-C).")
     f.add_argument("libfuzzer_args", nargs="*", metavar="-- LIBFUZZER_FLAG",
-                   help="passed to libFuzzer unchanged (atheris and hypothesis engines)")
+                   help="passed to libFuzzer unchanged (the generators that run under it: "
+                        f"{', '.join(g.name for g in generators.GENERATORS.values() if g.launch is generators.libfuzzer)})")
     f.set_defaults(handler=cmd_fuzz)
 
     m = sub.add_parser("minimize", help="shrink a failing scenario file, keeping its signature",
@@ -87,7 +88,7 @@ def add_commands(sub) -> None:
                                    "minimized), 0 when it is clean, 2 on bad input.")
     m.add_argument("file", metavar="FILE")
     m.add_argument("--split", default="fixed", help=SPLIT_HELP)
-    m.add_argument("--runner", choices=("v1", "v2"), default=None, help=RUNNER_HELP)
+    add_runner_argument(m)
     m.add_argument("-o", "--output", metavar="OUT")
     m.add_argument("--budget", type=float, default=60.0, metavar="SECONDS")
     add_patch_argument(m)
@@ -189,11 +190,15 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         base = check_where(args.base)
     if not args.max_time and not args.runs:
         raise _usage("give --max-time or --runs (a run needs a bound)")
-    if args.generator != "random":
+    generator = generators.get(args.generator)
+    if args.target not in generator.targets:
+        raise _usage(f"--generator {generator.name} cannot drive --target {args.target} "
+                     f"(it drives {', '.join(generator.targets)})")
+    if generator.needs_atheris:
         try:
             import atheris  # noqa: F401
         except ImportError:
-            raise _usage(f"--generator {args.generator} needs atheris (pip install atheris==3.0.0)") from None
+            raise _usage(f"--generator {generator.name} needs atheris (pip install atheris==3.0.0)") from None
     for d in [args.corpus, args.findings]:
         if Path(d).exists() and not Path(d).is_dir():
             raise _usage(f"{d} exists and is not a directory")
@@ -212,7 +217,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     runner = f", model runner {args.runner}" if args.runner else ""
     if args.scheduling:
         runner += f", {args.scheduling} scheduling"
-    what = (f"the kernel model against vLLM's worker code on {args.runner or 'v1+v2'}" if args.target == "conform"
+    what = (f"the kernel model against vLLM's worker code on {args.runner or '+'.join(model_runners.names())}"
+            if args.target == "conform"
             else f"split {args.split}{runner}")
     print(f"fuzzing {what} with {args.generator} x{args.jobs} under {sys.executable}, "
           f"findings in {args.findings}/", flush=True)

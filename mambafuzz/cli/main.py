@@ -14,7 +14,14 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from mambafuzz.cli.options import RUNNER_HELP, SCHEDULING_HELP, SPLIT_HELP, add_patch_argument, patches_or_usage
+from mambafuzz.cli.options import (
+    SCHEDULING_HELP,
+    SPLIT_HELP,
+    add_patch_argument,
+    add_runner_argument,
+    either,
+    patches_or_usage,
+)
 from mambafuzz.exit_codes import (
     EXIT_CLEAN,
     EXIT_FOUND,
@@ -25,6 +32,7 @@ from mambafuzz.exit_codes import (
     UsageError,
     one_line,
 )
+from mambafuzz.search import generators
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("files", nargs="+", metavar="FILE")
     r.add_argument("--split", default="fixed", help=SPLIT_HELP)
     add_patch_argument(r)
-    r.add_argument("--runner", choices=("v1", "v2"), default=None, help=RUNNER_HELP)
+    add_runner_argument(r)
     r.add_argument("--scheduling", choices=("sync", "async", "default"), default=None, help=SCHEDULING_HELP)
     r.add_argument("--trace", action="store_true", help="print a step table: chunks, slot writes, new hashes")
     r.add_argument("--json", action="store_true", help="print one JSON object per file instead of text")
@@ -70,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read each FILE as a fuzzing corpus input (corpus/generated, a libFuzzer crash-* file): "
                         "decoded exactly as the fuzz targets decode it, scenario JSON when it parses, else the "
                         "bytes decoder")
-    r.add_argument("--decoder", choices=("bytes", "hypothesis"), default="bytes",
-                   help="with --raw: the decoder of the engine that kept the input: bytes (atheris, random; "
-                        "the default) or hypothesis (--engine hypothesis)")
+    r.add_argument("--decoder", choices=tuple(generators.decoders()), default="bytes",
+                   help="with --raw: the decoder of the generator that kept the input (default bytes): "
+                        + either({d: "--generator " + ", ".join(gs) for d, gs in generators.decoders().items()}))
     r.add_argument("--all-versions", action="store_true",
                    help="replay in every vLLM environment found (this one, .venv-vllm-* in the checkout, the "
                         "environments MAMBAFUZZ_VLLM_ENVS lists) and say in which each case reproduces (exit 1 if "

@@ -6,14 +6,28 @@ from __future__ import annotations
 import argparse
 
 from mambafuzz.exit_codes import UsageError
+from mambafuzz.model import runners
 
 SPLIT_HELP = ("chunk split under test: fixed (installed vLLM, default), prefix (pre-fix behaviour, both gates), "
               "realign (only the pre-fix mid-block realign gate), or package.module:function "
               "(same signature as Scheduler._mamba_block_aligned_split)")
 
-RUNNER_HELP = ("vLLM model runner the kernel model mirrors: v1 (gpu_model_runner.py) or v2 "
-               "(gpu/model_runner.py); default: the scenario's engine.runner, else what vLLM 0.32 picks on a "
-               "CUDA host for its config (v2 for every config the scenarios express)")
+
+def either(described: dict[str, str]) -> str:
+    """`a (what a is), b (...) or c (...)`: a registry's choices for a help text."""
+    parts = [f"{name} ({what})" for name, what in described.items()]
+    return ", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else "".join(parts)
+
+
+def add_runner_argument(p: argparse.ArgumentParser) -> None:
+    """--runner: one model runner from the registry (mambafuzz.model.runners), read when the parser
+    is built."""
+    p.add_argument("--runner", choices=runners.names(), default=None,
+                   help="vLLM model runner the kernel model mirrors: "
+                        f"{either({r.name: r.source for r in runners.RUNNERS.values()})}; default: the "
+                        "scenario's engine.runner, else what vLLM 0.32 picks on a CUDA host for its config (v2 for "
+                        "every config the scenarios express)")
+
 
 SCHEDULING_HELP = ("scheduler and engine-core loop to drive: sync (Scheduler, EngineCore.step), async "
                    "(AsyncScheduler, EngineCore.step_with_batch_queue, 2 batches in flight) or default (what vLLM "

@@ -21,11 +21,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from mambafuzz.conform import drive as conform_drive
+from mambafuzz.model import runners as model_runners
 from mambafuzz.model.scenario import VOCAB_SIZE, EngineConfig, Scenario
 from mambafuzz.sim import vllm_bridge as vb
 from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
 
-RUNNERS = ("v1", "v2")
 MIXERS = ("gdn", "mamba2")
 Effect = tuple  # (read block | None, written blocks, pre-copy dsts, post-copy dsts, checkpoint blocks)
 
@@ -111,9 +111,11 @@ def _vllm_effect(p, mirror_ckpt: tuple) -> Effect:
             ckpt if p.mixer == "mamba2" else mirror_ckpt)
 
 
-def compare(s: Scenario, runners: tuple[str, ...] = RUNNERS) -> Iterator[Disagreement]:
+def compare(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[Disagreement]:
     """Drive `s` through the real scheduler and yield every row where the mirror and vLLM's
-    worker code differ, for each runner in `runners` and both mixer families."""
+    worker code differ, for each runner in `runners` (None: every registered one) and both mixer
+    families."""
+    runners = runners or model_runners.names()
     original = conform_drive.vb.SchedulerSession
     conform_drive.vb.SchedulerSession = _Recording
     try:
@@ -127,9 +129,10 @@ def compare(s: Scenario, runners: tuple[str, ...] = RUNNERS) -> Iterator[Disagre
 
 
 def compare_steps(e: EngineConfig, g: KernelGeometry, steps: Iterable[conform_drive.ConformStep],
-                  runners: tuple[str, ...] = RUNNERS) -> Iterator[Disagreement]:
+                  runners: tuple[str, ...] | None = None) -> Iterator[Disagreement]:
     """The kernel model (geometry `g`) against the RowPlans of `steps`, whether the real
-    scheduler made them (`compare`) or a test built them by hand."""
+    scheduler made them (`compare`) or a test built them by hand; `runners` as for `compare`."""
+    runners = runners or model_runners.names()
     models = {(r, m): KernelModel(g, runner=r, mixer=m) for r in runners for m in MIXERS}
     for st in steps:
         si = st.input

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from mambafuzz.conform.rows import RowInput, RowPlan, StepInput
 from mambafuzz.conform.v1 import V1Worker
 from mambafuzz.conform.v2 import V2Worker
+from mambafuzz.model import runners as model_runners
 from mambafuzz.model.scenario import Scenario, ample_pool_blocks
 from mambafuzz.model.step_plan import StepPlan
 from mambafuzz.sim import vllm_bridge as vb
@@ -31,27 +32,39 @@ class ConformStep:
     plans: tuple[RowPlan, ...]
 
 
-RUNNERS = {"v1": V1Worker, "v2": V2Worker}
+# Each registered runner's driver of vLLM's own worker code, under its name in mambafuzz/model/runners.py.
+WORKERS: dict[str, type] = {V1Worker.runner: V1Worker, V2Worker.runner: V2Worker}
+
+
+def worker_class(name: str) -> type:
+    """The conformance worker of the runner registered as `name`; an unknown name, or one without
+    a worker here, is a one-line UnknownRunner."""
+    entry = model_runners.get(name)
+    try:
+        return WORKERS[entry.name]
+    except KeyError:
+        raise model_runners.UnknownRunner(f"model runner {name!r} has no conformance worker "
+                                          "(mambafuzz.conform.drive.WORKERS)") from None
 
 
 def _worker_for(runner: str, session: vb.SchedulerSession, num_blocks: int, max_model_len: int):
     sched = session.scheduler
     spec = sched.kv_cache_config.kv_cache_groups[session.mamba_group].kv_cache_spec
     manager = sched.kv_cache_manager.coordinator.single_type_managers[session.mamba_group]
-    return RUNNERS[runner](sched.vllm_config, spec, num_blocks, session.hash_block_size,
+    return worker_class(runner)(sched.vllm_config, spec, num_blocks, session.hash_block_size,
                            manager.cache_hit_alignment_tokens, max_model_len, max_num_reqs=sched.max_num_running_reqs)
 
 
-def drive(s: Scenario, runners: tuple[str, ...] = ("v1", "v2")) -> Iterator[ConformStep]:
+def drive(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[ConformStep]:
     """Run `s` through the real scheduler, under the engine core's loop for its scheduling mode
     (mambafuzz.sim.engine_core.BatchQueue); yield one ConformStep per forward that ran rows, with the
-    RowPlans of every runner in `runners` ("v1", "v2"). Under async scheduling each row starts
+    RowPlans of every runner in `runners` (None: every registered runner). Under async scheduling each row starts
     where the worker really is and its placeholder drafts are the worker's own proposals
     (mambafuzz.sim.constant_worker), as in the harness."""
     engine = s.engine
     num_blocks = engine.num_gpu_blocks or ample_pool_blocks(s)
     session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None, s.uses_connector)
-    workers = [_worker_for(r, session, num_blocks, s.max_model_len()) for r in runners]
+    workers = [_worker_for(r, session, num_blocks, s.max_model_len()) for r in runners or model_runners.names()]
     plan = StepPlan.of(s)
     prompts = [s.prompt_tokens(i) for i in range(len(s.requests))]
     queue = BatchQueue(session.batch_queue_depth)

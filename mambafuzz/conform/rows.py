@@ -51,7 +51,7 @@ class RowPlan:
     Columns index the request's mamba block table; blocks are physical ids (0 is the null block).
     `read_*` is where the kernel takes its initial state; `None` when it starts from zeros."""
 
-    runner: str  # "v1" | "v2"
+    runner: str  # a name in mambafuzz.model.runners
     mixer: str  # "gdn" | "mamba2"
     req_id: str
     batch_row: int  # the row after the runner reordered its batch

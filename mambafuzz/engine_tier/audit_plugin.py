@@ -225,6 +225,7 @@ def _audit_for(sched: Any) -> SchedulerAudit | None:
 
 
 def _new_audit(sched: Any) -> SchedulerAudit | None:
+    from mambafuzz.model import runners
     from mambafuzz.model.scenario import VOCAB_SIZE
     from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
     from mambafuzz.sim.vllm_compat.api import MambaSpec
@@ -238,7 +239,7 @@ def _new_audit(sched: Any) -> SchedulerAudit | None:
     models = {}
     spec_config = sched.vllm_config.speculative_config
     num_spec = (spec_config.num_speculative_tokens or 0) if spec_config is not None else 0
-    runner = "v2" if getattr(sched, "use_v2_model_runner", False) else "v1"
+    runner = runners.picked_by_vllm(bool(getattr(sched, "use_v2_model_runner", False))).name
     for gid, spec in groups.items():
         checkpoints = getattr(spec, "num_prefill_checkpoint_blocks", 0)
         models[gid] = KernelModel(KernelGeometry(

@@ -1,8 +1,8 @@
-"""The one definition of the input space, shared by every engine.
+"""The one definition of the input space, shared by every generator.
 
 `draw_scenario(src)` asks a `Source` for integers and booleans, one named dimension at a
 time; three sources feed it:
-- `RandomSource`: a seeded `random.Random` (the feedback-free baseline engine);
+- `RandomSource`: a seeded `random.Random` (the feedback-free baseline generator);
 - `BytesSource`: a byte string, through atheris' `FuzzedDataProvider` when atheris is
   installed (libFuzzer mutates the bytes; any byte string decodes to a valid scenario);
 - `HypothesisSource`: Hypothesis' `data.draw` (property tests and shrinking; `scenarios()`).

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import random
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -66,11 +66,22 @@ def _hypothesis_decoder() -> _HypothesisDecoder:
     return _HypothesisDecoder()
 
 
+# How bytes become a scenario, per decoder a generator names (mambafuzz.search.generators): a factory, so
+# the Hypothesis decoder (and Hypothesis) is built only when used.
+DECODERS: dict[str, Callable[[], Callable[[bytes], Scenario | None]]] = {
+    "bytes": lambda: generate.scenario_from_bytes,
+    "hypothesis": _hypothesis_decoder,
+}
+
+
 def decode_input(data: bytes, decoder: str = "bytes") -> Scenario | None:
     """Exactly what the fuzz targets do: scenario JSON when it parses, else the bytes decoder
     (libFuzzer's mutants of JSON seeds are mostly no longer JSON, and still count).  `decoder`
-    is the target's: `bytes` (atheris, random) or `hypothesis` (the Hypothesis strategy)."""
-    from_bytes = _hypothesis_decoder() if decoder == "hypothesis" else generate.scenario_from_bytes
+    is the generator's, one of DECODERS: `bytes` (atheris, random) or `hypothesis` (the Hypothesis
+    strategy); an unknown one is a one-line ValueError."""
+    if decoder not in DECODERS:
+        raise ValueError(f"unknown decoder {decoder!r} (one of {', '.join(DECODERS)})")
+    from_bytes = DECODERS[decoder]()
     scenario = decode_json_case(data) or from_bytes(data)
     if scenario is None or validate(scenario):
         return None

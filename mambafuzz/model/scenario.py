@@ -14,8 +14,11 @@ import functools
 import json
 import math
 import random
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
+
+from mambafuzz.model.runners import RUNNERS
 
 FORMAT_NAME = "mambafuzz-scenario"
 FORMAT_VERSION = 2
@@ -27,7 +30,6 @@ READABLE_VERSIONS = (1, 2)
 VOCAB_SIZE = 1024
 
 SPEC_METHODS = ("none", "mtp")
-RUNNERS = ("v1", "v2")  # vLLM's GPU model runners (mambafuzz/sim/runners.py)
 
 # Hard ceilings that keep one scenario cheap; the decoder and validation share them.
 MAX_REQUESTS = 16
@@ -61,7 +63,7 @@ class Knob:
     lo: int = 0
     hi: int | None = None
     optional: bool = False  # None is allowed (vLLM's default / not set)
-    choices: tuple[str, ...] = ()
+    choices: Collection[str] = ()  # a live registry (the runners) is read at each check
     simplest: Any = None  # what the minimizer tries first; None for an optional knob means "unset"
     shrink: bool = True  # the minimizer may move it towards `simplest` (False: a pass of its own does)
     companions: tuple[tuple[str, Any], ...] = ()  # fields set with it when it takes its simplest value
@@ -104,7 +106,7 @@ class EngineConfig:
     enable_mamba_shared_prefix_checkpoint: bool = knob(False, kind="bool", simplest=False, uncached=False)
     prefix_cache_retention_interval: int | None = knob(0, kind="int", lo=0, hi=1 << 20, optional=True, simplest=0)
     enable_prefix_caching: bool = knob(True, kind="bool", simplest=True, uncached=False, generate=False)
-    # "v1" | "v2"; None: what vLLM picks on a CUDA host (vllm_bridge.default_runner).  Not drawn:
+    # a registered runner (mambafuzz.model.runners); None: what vLLM picks on a CUDA host (vllm_bridge.default_runner).  Not drawn:
     # the campaign's --runner (or vLLM's default) decides it.
     runner: str | None = knob(None, kind="choice", choices=RUNNERS, optional=True, simplest=None, build_key=False,
                               generate=False)

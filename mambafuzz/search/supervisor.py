@@ -2,9 +2,10 @@
 line every few seconds, forward Ctrl-C, and end with what was filed and whether the campaign
 really ran.
 
-Workers: the atheris target (`mambafuzz/search/targets/fuzz_scheduler.py`, libFuzzer flags pass through)
-for the atheris and hypothesis generators, and `python -m mambafuzz.search.random_worker` for the random
-one; one process per job.  Every worker runs under this process's own interpreter
+Workers: whatever the generator's entry in mambafuzz.search.generators starts (the atheris target
+`mambafuzz/search/targets/fuzz_scheduler.py` under libFuzzer, libFuzzer flags passed through, for the
+atheris and hypothesis generators; `python -m mambafuzz.search.random_worker` for the random one); one
+process per job.  Every worker runs under this process's own interpreter
 (`sys.executable`), never a `python3` found on PATH: a target started through its
 `#!/usr/bin/env python3` line ran under whatever interpreter came first, one without vLLM
 fuzzed nothing, and the campaign passed.  libFuzzer re-runs its argv[0] for -fork/-merge, so
@@ -36,10 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from mambafuzz.search.worker_protocol import CONFIG_ENV, WorkerConfig, parse_event
+from mambafuzz.search import generators
+from mambafuzz.search.generators import Launch
+from mambafuzz.search.worker_protocol import CONFIG_ENV, CampaignConfig, WorkerConfig, parse_event
 from mambafuzz.store.corpus import atomic_write
 
-TARGET = Path(__file__).parent / "targets" / "fuzz_scheduler.py"
 STATUS_EVERY = 5.0
 STOP_GRACE = 5.0  # seconds a job gets to stop on SIGINT before SIGTERM
 # libFuzzer's own status line: read only for its coverage and corpus counters, which no worker knows.
@@ -48,32 +50,6 @@ RSS_LINE = re.compile(r"rss: (\d+)Mb")
 # How a worker may end without anything being wrong: cleanly, after filing with --stop-on-first,
 # or stopped by us (SIGINT, or SIGTERM after the grace period).
 NORMAL_EXITS = (0, 1, -signal.SIGINT, 130, -signal.SIGTERM)
-
-
-@dataclass
-class CampaignConfig:
-    generator: str
-    split: str
-    max_time: float
-    runs: int
-    jobs: int
-    seed: int
-    corpus: Path
-    seed_dirs: list[Path]
-    findings: Path
-    known_dirs: list[Path]
-    stop_on_first: bool
-    minimize_budget: float
-    rss_limit_mb: int
-    libfuzzer_args: list[str] = field(default_factory=list)
-    quiet: bool = False
-    stats_file: Path | None = None  # CSV of the status lines: the coverage-over-time data
-    patches: list[str] = field(default_factory=list)  # --patch specs every worker applies
-    known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: apply these bugs' fixes
-    runner: str | None = None  # --runner: the model runner every scenario is run on
-    scheduling: str | None = None  # --scheduling: the scheduling mode every scenario is run in
-    target: str = "scheduler"  # --target: what judges an input (worker_protocol.TARGETS)
-    base: str | None = None  # --base: PR mode, judged against this vLLM (mambafuzz.search.base_oracle)
 
 
 @dataclass
@@ -93,62 +69,20 @@ class CampaignResult:
     modes: dict[str, int] = field(default_factory=dict)  # executions per scheduling mode (the workers' own counts)
 
 
-@dataclass
-class Launch:
-    """One worker process: its argv and its configuration."""
-
-    argv: list[str]
-    config: WorkerConfig
-
-
 def worker_config(cfg: CampaignConfig, job: int, deadline: float = 0.0) -> WorkerConfig:
-    base = WorkerConfig(target=cfg.target, split=cfg.split, findings=str(cfg.findings), generator=cfg.generator,
+    """What every generator's worker of job `job` is told; the generator's `launch` adds its own."""
+    return WorkerConfig(target=cfg.target, split=cfg.split, findings=str(cfg.findings), generator=cfg.generator,
                         stop_on_first=cfg.stop_on_first, minimize_budget=cfg.minimize_budget,
                         known_dirs=[str(d) for d in cfg.known_dirs], patches=list(cfg.patches),
                         known_fix_dirs=list(cfg.known_fix_dirs), runner=cfg.runner, deadline=deadline,
                         scheduling=cfg.scheduling, base=cfg.base)
-    if cfg.generator != "random":
-        return base
-    base.seed = cfg.seed + job
-    base.max_time = cfg.max_time
-    base.runs = max(1, cfg.runs // cfg.jobs) if cfg.runs else 0
-    base.rss_limit_mb = cfg.rss_limit_mb
-    # Only the first job replays the corpus; the others start generating at once.
-    base.replay_dirs = [str(d) for d in [cfg.corpus, *cfg.seed_dirs]] if job == 0 else []
-    return base
-
-
-def launcher(workdir: Path) -> Path:
-    """An executable that runs the atheris target under this interpreter; libFuzzer re-runs it
-    (argv[0]) for -fork, -merge and -minimize_crash."""
-    path = workdir / "fuzz_scheduler"
-    path.write_text(f"#!/bin/sh\nexec {_sh_quote(sys.executable)} {_sh_quote(str(TARGET))} \"$@\"\n")
-    path.chmod(0o755)
-    return path
-
-
-def _sh_quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def launches(cfg: CampaignConfig, workdir: Path) -> list[Launch]:
+    """One worker process per job, started as the campaign's generator (mambafuzz.search.generators) says."""
     deadline = time.time() + cfg.max_time if cfg.max_time else 0.0  # the whole campaign's end
-    if cfg.generator == "random":
-        return [Launch([sys.executable, "-m", "mambafuzz.search.random_worker"], worker_config(cfg, job, deadline))
-                for job in range(cfg.jobs)]
-    target = launcher(workdir)
-    out = []
-    for job in range(cfg.jobs):
-        argv = [str(target), str(cfg.corpus), *[str(d) for d in cfg.seed_dirs if d.exists()],
-                f"-seed={cfg.seed + job}", "-max_len=4096", f"-rss_limit_mb={cfg.rss_limit_mb or 4096}",
-                f"-artifact_prefix={cfg.findings}/libfuzzer-",  # slow/oom/crash units stay out of the CWD
-                "-print_final_stats=1"]
-        if cfg.max_time:
-            argv.append(f"-max_total_time={int(max(1, cfg.max_time))}")
-        if cfg.runs:
-            argv.append(f"-runs={max(1, cfg.runs // cfg.jobs)}")
-        out.append(Launch(argv + cfg.libfuzzer_args, worker_config(cfg, job, deadline)))
-    return out
+    return generators.get(cfg.generator).launch(cfg, workdir, [worker_config(cfg, job, deadline)
+                                                               for job in range(cfg.jobs)])
 
 
 def _env(config_path: Path) -> dict[str, str]:

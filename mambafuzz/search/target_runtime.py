@@ -23,6 +23,7 @@ from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.exit_codes import EXIT_TOOL, ToolError
 from mambafuzz.model.inputs import decode_input
 from mambafuzz.model.scenario import Scenario, ScenarioError, with_runner, with_scheduling
+from mambafuzz.search import generators
 from mambafuzz.search.worker_protocol import WorkerConfig, emit
 from mambafuzz.store.corpus import atomic_write, content_name
 from mambafuzz.store.finding_store import Filed, FindingStore, known_signatures
@@ -36,10 +37,10 @@ class Runtime:
         """Runs inputs in a process its entry point prepared (mambafuzz.search.startup.prepare_worker)."""
         self.config = config
         if config.target == "conform":
-            from mambafuzz.conform import compare as conform_check
             from mambafuzz.conform import target as conform_target
+            from mambafuzz.model import runners as model_runners
 
-            runners = (config.runner,) if config.runner else conform_check.RUNNERS
+            runners = (config.runner,) if config.runner else model_runners.names()
             self._judge = lambda s: conform_target.verdict(s, runners)
             # No known bugs: they are the oracles' business, and attributed by replaying those.
             self.store = FindingStore(Path(config.findings), config.split, known_bugs=[],
@@ -67,7 +68,7 @@ class Runtime:
         return cls(WorkerConfig.from_environment())
 
     def decode(self, data: bytes) -> Scenario | None:
-        return decode_input(data, self.config.decoder)
+        return decode_input(data, generators.get(self.config.generator).decoder)
 
     def _oracle_verdict(self, scenario: Scenario) -> Verdict:
         v = evaluate(scenario, self.config.split, efficiency=False).verdict

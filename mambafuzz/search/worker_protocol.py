@@ -36,19 +36,47 @@ MIN_FUZZ_SECONDS = 1.0
 
 
 @dataclass
+class CampaignConfig:
+    """One `mambafuzz fuzz` campaign as the supervisor runs it; each generator's launcher reads it."""
+
+    generator: str
+    split: str
+    max_time: float
+    runs: int
+    jobs: int
+    seed: int
+    corpus: Path
+    seed_dirs: list[Path]
+    findings: Path
+    known_dirs: list[Path]
+    stop_on_first: bool
+    minimize_budget: float
+    rss_limit_mb: int
+    libfuzzer_args: list[str] = field(default_factory=list)
+    quiet: bool = False
+    stats_file: Path | None = None  # CSV of the status lines: the coverage-over-time data
+    patches: list[str] = field(default_factory=list)  # --patch specs every worker applies
+    known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: apply these bugs' fixes
+    runner: str | None = None  # --runner: the model runner every scenario is run on
+    scheduling: str | None = None  # --scheduling: the scheduling mode every scenario is run in
+    target: str = "scheduler"  # --target: what judges an input (worker_protocol.TARGETS)
+    base: str | None = None  # --base: PR mode, judged against this vLLM (mambafuzz.search.base_oracle)
+
+
+@dataclass
 class WorkerConfig:
     """Everything a worker needs; the defaults are what a bare `fuzz_scheduler.py CORPUS` run uses."""
 
     target: str = "scheduler"  # one of TARGETS
     split: str = "fixed"
     findings: str = "findings"
-    generator: str = "random"  # random | atheris | hypothesis
+    generator: str = "random"  # a registered generator (mambafuzz.search.generators)
     stop_on_first: bool = False
     minimize_budget: float = 30.0
     known_dirs: list[str] = field(default_factory=list)
     patches: list[str] = field(default_factory=list)  # --patch specs, applied to vLLM for every run
     known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: these known bugs' fixes
-    runner: str | None = None  # v1 | v2: every scenario runs on it; None: each scenario's own engine.runner
+    runner: str | None = None  # a registered model runner: every scenario runs on it; None: each scenario's own engine.runner
     base: str | None = None  # PR mode: the base vLLM ("installed" or an overlay dir; mambafuzz.search.base_oracle)
     # (conform target: the runner checked; None: both)
     scheduling: str | None = None  # sync | async | default: every scenario runs so; None: each scenario's own
@@ -68,11 +96,6 @@ class WorkerConfig:
         if not self.deadline:
             return budget
         return max(MIN_FUZZ_SECONDS, self.deadline - (time.time() if now is None else now))
-
-    @property
-    def decoder(self) -> str:
-        """How raw inputs become scenarios: the Hypothesis generator reads bytes its own way."""
-        return "hypothesis" if self.generator == "hypothesis" else "bytes"
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self), indent=1))

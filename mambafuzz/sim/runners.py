@@ -10,15 +10,17 @@ Which kernel a row then runs is the builder's decision (mambafuzz/sim/mixers.py)
 (pre-copy into a new column, post-copy of a crossed boundary) have the same semantics in both
 runners (V2's fused kernels say they mirror V1's `preprocess_mamba`/`postprocess_mamba`), so
 they live once, in mambafuzz/sim/kernel_model.py.
+
+Each runner's rules are one class here, registered in `RULES` under its name in
+mambafuzz/model/runners.py; the kernel model asks `runner_rules` for them.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from mambafuzz.model import runners
 from mambafuzz.sim import v1_accepted_probe
-
-RUNNERS = ("v1", "v2")
 
 
 class RowFacts(NamedTuple):
@@ -99,9 +101,15 @@ class V2Runner:
         return BuilderInputs(is_prefilling, -1)
 
 
-def runner_rules(name: str) -> type[V1Runner] | type[V2Runner]:
-    if name == "v1":
-        return V1Runner
-    if name == "v2":
-        return V2Runner
-    raise ValueError(f"unknown model runner {name!r} (one of {', '.join(RUNNERS)})")
+RULES: dict[str, type] = {V1Runner.name: V1Runner, V2Runner.name: V2Runner}
+
+
+def runner_rules(name: str) -> type:
+    """The row-fact rules of the runner registered as `name`; an unknown name, or one without
+    rules here, is a one-line UnknownRunner."""
+    entry = runners.get(name)
+    try:
+        return RULES[entry.name]
+    except KeyError:
+        raise runners.UnknownRunner(f"model runner {name!r} has no kernel-model rules "
+                                    "(mambafuzz.sim.runners.RULES)") from None

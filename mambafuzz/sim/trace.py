@@ -112,7 +112,7 @@ class Trace:
     crash: Crash | None = None
     # the engine facts the oracle's signatures need
     mamba_block_size: int = 0
-    runner: str = ""  # the vLLM model runner the kernel model mirrored ("v1" | "v2")
+    runner: str = ""  # the vLLM model runner the kernel model mirrored (a name in mambafuzz.model.runners)
     async_scheduling: bool = False  # vLLM's AsyncScheduler under a batch queue, else Scheduler
     batch_queue_depth: int = 1  # batches the engine core keeps in flight
     batches: dict[int, BatchEvent] = field(default_factory=dict)  # step -> its batch-queue events (async)

@@ -26,6 +26,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from mambafuzz.model import runners  # noqa: E402
 from mambafuzz.model.scenario import EngineConfig, knobs  # noqa: E402
 from mambafuzz.sim import patching  # noqa: E402
 from mambafuzz.sim.vllm_compat import features  # noqa: E402
@@ -177,8 +178,9 @@ def default_runner(vc: VllmConfig) -> str:
     use_v2_model_runner` picks V2 unless `_get_v2_model_runner_unsupported_features` names
     something (MTP is not named). Mirrored, because the property itself answers V1 on this
     CPU build for a reason a CUDA host does not have (no Triton); VLLM_USE_V2_MODEL_RUNNER is
-    not consulted: a scenario that wants V1 says `runner: "v1"`."""
-    return "v1" if vc._get_v2_model_runner_unsupported_features() else "v2"
+    not consulted: a scenario that wants V1 says `runner: "v1"`. The flag maps back to a runner
+    through the registry (mambafuzz.model.runners.picked_by_vllm)."""
+    return runners.picked_by_vllm(not vc._get_v2_model_runner_unsupported_features()).name
 
 
 def default_async_scheduling(vc: VllmConfig) -> bool:
@@ -216,7 +218,7 @@ def batch_queue_depth(vc: VllmConfig, runner: str) -> int:
     if prop is None:  # a release before the batch queue: one batch at a time unless async
         return 2 if vc.scheduler_config.async_scheduling else 1
     view = types.SimpleNamespace(parallel_config=vc.parallel_config, scheduler_config=vc.scheduler_config,
-                                 use_v2_model_runner=runner == "v2")
+                                 use_v2_model_runner=runners.get(runner).use_v2_model_runner)
     return int(prop.fget(view))
 
 
@@ -313,7 +315,7 @@ class SchedulerSession:
         self.runner = engine.runner or default_runner(vc)
         # The scheduler reads the flag at start-up; it changes only how SchedulerOutput hands
         # resumed requests to the worker (as new requests under V2), not what is scheduled.
-        self.scheduler.use_v2_model_runner = self.runner == "v2"
+        self.scheduler.use_v2_model_runner = runners.get(self.runner).use_v2_model_runner
         self.async_scheduling = bool(vc.scheduler_config.async_scheduling)
         self.batch_queue_depth = batch_queue_depth(vc, self.runner)
         self.hash_block_size = hash_block_size

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from mambafuzz.model.inputs import COMPANION_SUFFIXES
-from mambafuzz.model.scenario import RUNNERS, Scenario, ScenarioError, from_json
+from mambafuzz.model.runners import RUNNERS
+from mambafuzz.model.scenario import Scenario, ScenarioError, from_json
 from mambafuzz.store import vllm_expectations
 
 MAX_FILE_BYTES = 1 << 20

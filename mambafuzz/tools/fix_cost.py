@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mambafuzz.model import runners as model_runners
+
 ROOT = Path(__file__).resolve().parents[2]
 
 MEASURES = ("forward_steps", "hashed_snapshots", "prefix_hit_tokens")
@@ -66,7 +68,7 @@ def corpus_scenarios() -> list:
 
 
 def grid_scenarios(n: int, seed: int, engine_overrides: dict | None = None) -> list:
-    """`n` generated scenarios (the random engine's generator), optionally with engine knobs forced."""
+    """`n` generated scenarios (the random generator's draw), optionally with engine-config knobs forced."""
     import dataclasses
 
     from mambafuzz.model.generate import random_scenario
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("fix", help="a fix.py, or package.module:NAME")
     p.add_argument("--random", type=int, default=100, metavar="N", help="generated scenarios per grid row")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--runner", choices=("v1", "v2"), help="model runner every scenario runs under (default: "
+    p.add_argument("--runner", choices=model_runners.names(), help="model runner every scenario runs under (default: "
                    "each scenario's own); a fix of one runner's worker code is measured on that runner")
     args = p.parse_args(argv)
     if args.random < 0:

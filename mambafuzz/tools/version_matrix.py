@@ -82,7 +82,7 @@ def replay(env: VllmEnv, files: list[str], split: str, timeout: float = REPLAY_T
 
 
 def campaign(env: VllmEnv, seconds: float, out: Path) -> str:
-    """A short random-engine campaign on `--split fixed`; what it filed, as one cell."""
+    """A short random-generator campaign on `--split fixed`; what it filed, as one cell."""
     out.mkdir(parents=True, exist_ok=True)
     args = ["fuzz", "--generator", "random", "--max-time", str(seconds), "--split", "fixed", "--quiet",
             "--corpus", str(out / "corpus"), "--findings", str(out / "findings")]

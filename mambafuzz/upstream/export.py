@@ -19,6 +19,7 @@ import re
 import textwrap
 from pathlib import Path
 
+from mambafuzz.model import runners as model_runners
 from mambafuzz.model.scenario import ample_pool_blocks
 from mambafuzz.store.corpus import Case
 from mambafuzz.upstream.standalone_template import TEMPLATE
@@ -290,7 +291,7 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
     parts = [f"# [Bug]: {title or case.path.stem}", "", "## Your current environment", "",
              f"vLLM {vllm_version()} (also checked: the 0.33.0 release tree), Python 3.11, scheduler and "
              "KV-cache manager driven on CPU; "
-             + (f"Model Runner {runner.upper()}." if runner else "both model runners unless said otherwise."), "",
+             + (f"{model_runners.get(runner).title}." if runner else "both model runners unless said otherwise."), "",
              "## Related issues and PRs", "", related.strip() or "(none found)", "",
              "## Describe the bug", "", body.strip() or "(no analysis on file)", "",
              "## Minimal reproducer", "",
