@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mambafuzz.checks import vllm_expectations
-from mambafuzz.store import corpus
+from mambafuzz.store import corpus, vllm_expectations
 from mambafuzz.tools import version_matrix
 from mambafuzz.tools.vllm_envs import VllmEnv, discover
 
