@@ -5,25 +5,27 @@ triage -> corpus, and each layer imports only itself and the layers listed befor
 below is the order; tests/test_layers.py holds every import to it, function-local ones too):
 
 - `mambafuzz.exit_codes`, `mambafuzz.findings`: the exit codes and error types, and the finding
-  vocabulary (kinds, signatures) every part shares.
+  vocabulary every part shares (kinds, signatures, the oracle registry, the `Violation` a judge
+  reports).
 - `mambafuzz.model`: the input model (scenarios, decoding fuzzer bytes, generation, step plans).
   Imports no vLLM.
 - `mambafuzz.sim`: the simulation. `sim.vllm_compat` is the one place vLLM is imported (with the
   platform shims beside it); the bridge, the harness that drives vLLM's real scheduler, the cache
   audit, and the simulated model runner (runner bookkeeping, mixer kernels, kernel model, worker
   mirror) that stands in for the GPU.
-- `mambafuzz.store`: the database: corpus files, findings on disk, known bugs, reports.
-- `mambafuzz.checks`: the oracles over a trace, the evaluation pipeline, attribution by candidate
-  fixes.
+- `mambafuzz.store`: the database: corpus files, findings on disk (saved, fetched, listed; never
+  judged), known bugs, reports.
+- `mambafuzz.checks`: the oracles over a trace, the evaluation pipeline and its `Judge`,
+  attribution by candidate fixes.
 - `mambafuzz.conform`: the conformance tier (the kernel model held against vLLM's worker code).
 - `mambafuzz.tools`: fix cost, coverage replay, vLLM environments and the version matrix,
   mutation testing: libraries over the checks that campaigns (planted mutants) and exports (the
   fix's cost) use, so they sit below both.
 - `mambafuzz.search`: campaigns (supervisor, worker protocol and runtimes, fuzz targets, scoped
-  instrumentation), triage, the minimizer, the coverage map and planted bugs, and the one
-  start-up step of a process that runs scenarios (`mambafuzz.search.startup.prepare_worker`:
-  the planted bug, `--patch` fixes, known fixes, Triton's CPU shim). Importing a module plants,
-  patches or enables nothing.
+  instrumentation), triage (dedup, attribution, repro, minimizing, announcing), the minimizer,
+  the coverage map and planted bugs, and the one start-up step of a process that runs scenarios
+  (`mambafuzz.search.startup.prepare_worker`: the planted bug, `--patch` fixes, known fixes,
+  Triton's CPU shim). Importing a module plants, patches or enables nothing.
 - `mambafuzz.engine_tier`: real vLLM engines on CPU (end-to-end confirmation, the audit plugin).
 - `mambafuzz.upstream`: exported tests and reports for vLLM's maintainers.
 - `mambafuzz.cli`: the `mambafuzz` command and the CI helpers.

@@ -1,7 +1,22 @@
-"""The kinds of finding, one exception type each, so a crash-deduplicating fuzzer groups
-them by type and location (`signature`)."""
+"""The finding vocabulary: the kinds of finding, one exception type each, so a
+crash-deduplicating fuzzer groups them by type and location (`signature`); the registry of
+oracles (`ORACLES`), which says for every kind whether it fails a run, which check reports it
+beyond the built-in ones, and which assertion an exported vLLM test makes of it; and the
+`Violation` a judge hands to triage (and a worker reports to the supervisor).
+
+A new oracle is one module in mambafuzz/checks/ (its Finding subclass and its check function)
+and one `register(Oracle(...))` line at the end of this file: `expected` tables
+(mambafuzz.store.corpus), the judge (mambafuzz.checks.oracle), triage and the exporter
+(mambafuzz.upstream.export) all read the registry.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+CLEAN = "clean"  # the verdict of a run without findings (an `expected` value, not a kind of finding)
 
 
 class Finding(Exception):
@@ -92,3 +107,122 @@ class Inefficiency(Finding):
 
     kind = "efficiency"
     fails = False
+
+
+# ---- the violation a judge reports --------------------------------------------------------
+@dataclass(frozen=True)
+class Violation:
+    """A failing input's verdict, the same whichever judge gave it (the oracles, the conform
+    target): its coarse signature (what repro, minimizing and attribution match), its message,
+    and its fine signature (the coarse one plus the mechanism: a campaign's dedup key; None
+    when the judge has nothing finer).  It crosses the worker boundary in `finding` events
+    (mambafuzz.search.worker_protocol): `to_json` on the worker's side, `from_json` on the
+    supervisor's."""
+
+    signature: str
+    message: str = ""
+    fine_signature: str | None = None
+
+    @property
+    def fine(self) -> str:
+        """The dedup key: the fine signature, else the coarse one."""
+        return self.fine_signature or self.signature
+
+    @property
+    def kind(self) -> str:
+        return kind_of(self.signature)
+
+    @classmethod
+    def of(cls, finding: Finding) -> Violation:
+        return cls(finding.signature, finding.message, finding.fine_signature)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"signature": self.signature, "message": self.message, "fine_signature": self.fine_signature}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Violation:
+        """From `to_json`'s keys (other keys, e.g. the rest of an event, are ignored)."""
+        fine = data.get("fine_signature")
+        return cls(str(data["signature"]), str(data.get("message") or ""), None if fine is None else str(fine))
+
+
+def kind_of(signature: str) -> str:
+    """The kind a signature (`kind:location[|mechanism]`) names."""
+    return signature.split(":")[0]
+
+
+# ---- the oracle registry ----------------------------------------------------------------
+def _no_assertion(location: str) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """One kind of finding and what the tool does with it beyond finding it.
+
+    `check`: "package.module:function", a check `(cached trace, uncached trace or None) ->
+    Finding | None` that mambafuzz.checks.oracle.judge runs after its built-in checks (None: the
+    kind is reported by a built-in check, whose order is the root-cause rule).  `export`: the
+    assertion an exported vLLM test makes of a finding of this kind, by its location (the
+    name of a check in mambafuzz/upstream's templates), or None where there is none yet."""
+
+    kind: str
+    fails: bool = True  # False: report-only (never an `expected` verdict)
+    check: str | None = None
+    export: Callable[[str], str | None] = _no_assertion
+
+    @classmethod
+    def of(cls, finding: type[Finding], **kw: Any) -> Oracle:
+        return cls(finding.kind, fails=finding.fails, **kw)
+
+
+ORACLES: dict[str, Oracle] = {}
+
+
+def register(oracle: Oracle) -> Oracle:
+    if oracle.kind == CLEAN or ":" in oracle.kind or oracle.kind in ORACLES:
+        raise ValueError(f"cannot register oracle kind {oracle.kind!r}")
+    ORACLES[oracle.kind] = oracle
+    return oracle
+
+
+def verdict_kinds() -> tuple[str, ...]:
+    """What an `expected` table may say a split does with a case: clean, or a failing kind."""
+    return (CLEAN, *(kind for kind, o in ORACLES.items() if o.fails))
+
+
+def export_assertion(signature: str) -> str | None:
+    """The exported test's assertion for a finding with `signature`, or None."""
+    kind, _, location = signature.partition(":")
+    oracle = ORACLES.get(kind)
+    return None if oracle is None else oracle.export(location)
+
+
+# The exported tests' assertions (mambafuzz/upstream/*_template.py name their checks so).
+PUBLISHED_STATE_WRITTEN = "published_state_written"  # every newly published block's state was written there
+NO_CRASH = "no_crash"  # schedule() does not raise
+FRESH_PROMPT_NOT_SPEC_ROW = "fresh_prompt_not_spec_row"  # no request without computed tokens gets drafts
+V1_ACCEPTED_KEPT = "v1_accepted_kept"  # a check of V1's persistent batch, not of the scheduler
+
+
+def _padded_fresh_prompt(location: str) -> str | None:
+    return FRESH_PROMPT_NOT_SPEC_ROW if location == "from-empty" else None
+
+
+def _nocache_read(location: str) -> str | None:
+    if location.endswith("/accepted-reset"):
+        return V1_ACCEPTED_KEPT
+    if location.endswith("/prefill-kept-drafts"):
+        return FRESH_PROMPT_NOT_SPEC_ROW
+    return None
+
+
+register(Oracle.of(SlotHashMismatch, export=lambda location: PUBLISHED_STATE_WRITTEN))
+register(Oracle.of(ResumeStateMismatch))
+register(Oracle.of(StaleStateRead, export=_padded_fresh_prompt))  # stale_read:from-empty is uninit_read's old name
+register(Oracle.of(UninitRead, export=_padded_fresh_prompt))
+register(Oracle.of(NocacheStaleRead, export=_nocache_read))
+register(Oracle.of(OutputDivergence))
+register(Oracle.of(Stall))
+register(Oracle.of(VllmCrash, export=lambda location: NO_CRASH))
+register(Oracle.of(Inefficiency))

@@ -9,10 +9,12 @@ import pytest
 
 from mambafuzz.checks import attribution
 from mambafuzz.checks.pipeline import evaluate
+from mambafuzz.findings import Violation
 from mambafuzz.model.scenario import with_runner
+from mambafuzz.search.triage import Triage, known_signatures
 from mambafuzz.sim import patching
 from mambafuzz.store import corpus
-from mambafuzz.store.finding_store import FindingStore, known_signatures
+from mambafuzz.store.finding_store import FindingStore
 from mambafuzz.upstream.export import finding_runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,9 +40,9 @@ def test_planted_split_bug_with_a_known_signature_is_new(tmp_path):
     known = known_signatures(KNOWN, PLANTED)
     sig = v.primary.signature
     assert sig in {s for b in known.bugs for s in b.signatures}, "the test needs a colliding signature"
-    store = FindingStore(tmp_path / "findings", PLANTED, known=known, minimize_budget=5, announce=False)
-    filed = store.handle(scenario, sig, v.primary.message, {"engine": "test"})
-    assert filed is not None and store.duplicates == 0
+    triage = Triage(FindingStore(tmp_path / "findings"), PLANTED, known=known, minimize_budget=5, announce=False)
+    filed = triage.handle(scenario, Violation(sig, v.primary.message), {"engine": "test"})
+    assert filed is not None and triage.duplicates == 0
     meta = corpus.load_case(filed.path).extra["finding"]
     assert meta["attribution"]["closest"] == MIDBLOCK.name and meta["attribution"]["new"]
 
@@ -49,8 +51,8 @@ def test_signature_only_store_would_have_hidden_it(tmp_path):
     """The old behaviour, kept for callers that pass plain signatures: a duplicate."""
     scenario = collision_scenario()
     v = evaluate(scenario, PLANTED, efficiency=False).verdict
-    store = FindingStore(tmp_path / "f", PLANTED, known={v.primary.signature}, announce=False)
-    assert store.handle(scenario, v.primary.signature, "", {}) is None and store.duplicates == 1
+    triage = Triage(FindingStore(tmp_path / "f"), PLANTED, known={v.primary.signature}, announce=False)
+    assert triage.handle(scenario, Violation(v.primary.signature), {}) is None and triage.duplicates == 1
 
 
 @pytest.mark.parametrize("path", sorted(p for p in UPSTREAM.rglob("*.json") if (p.parent / "fix.py").is_file()),
@@ -68,9 +70,9 @@ def test_upstream_case_is_attributed_to_its_own_bug(path):
 def test_known_bug_in_store_is_a_duplicate(tmp_path):
     case = corpus.load_case(MIDBLOCK / "internal_checkpoint_poison_read_back.json")
     v = evaluate(case.scenario, "fixed", efficiency=False).verdict
-    store = FindingStore(tmp_path / "f", "fixed", known=known_signatures(KNOWN, "fixed"), announce=False)
-    assert store.handle(case.scenario, v.primary.signature, "", {}) is None
-    assert store.attributed == {MIDBLOCK.name: 1}
+    triage = Triage(FindingStore(tmp_path / "f"), "fixed", known=known_signatures(KNOWN, "fixed"), announce=False)
+    assert triage.handle(case.scenario, Violation(v.primary.signature), {}) is None
+    assert triage.attributed == {MIDBLOCK.name: 1}
 
 
 def test_fix_that_no_longer_applies_is_named_and_falls_back_to_its_cases(tmp_path):
@@ -112,11 +114,11 @@ def test_a_campaign_dedups_by_fine_signature(tmp_path):
     """Within a campaign the fine signature is the first key: the same coarse signature with
     another mechanism is not a duplicate; the same fine signature is."""
     scenario = collision_scenario()
-    store = FindingStore(tmp_path / "f", "fixed", known=set(), announce=False)
-    store.new_signatures.add("slot_hash:short/chunk-end|token-budget,fresh,chunk-end")
+    triage = Triage(FindingStore(tmp_path / "f"), "fixed", known=set(), announce=False)
+    triage.new_signatures.add("slot_hash:short/chunk-end|token-budget,fresh,chunk-end")
     coarse = "slot_hash:short/chunk-end"
-    assert store.is_duplicate(scenario, coarse, coarse + "|token-budget,fresh,chunk-end") is not None
-    assert store.is_duplicate(scenario, coarse, coarse + "|long-prefill,fresh,chunk-end") is None
+    assert triage.is_duplicate(scenario, Violation(coarse, "", coarse + "|token-budget,fresh,chunk-end")) is not None
+    assert triage.is_duplicate(scenario, Violation(coarse, "", coarse + "|long-prefill,fresh,chunk-end")) is None
 
 
 def test_two_known_bugs_of_different_kinds_in_one_scenario_are_both_named():
@@ -156,16 +158,16 @@ def test_pr_mode_files_what_its_base_does_not_show_even_where_a_known_fix_explai
     upstream = corpus.load_case(MIDBLOCK / "internal_checkpoint_poison_read_back.json").scenario
     known = known_signatures(KNOWN, "fixed")
     base = BaseOracle("installed", "fixed")
-    pr = FindingStore(tmp_path / "pr", "fixed", known=known, minimize_budget=5, announce=False)
+    pr = Triage(FindingStore(tmp_path / "pr"), "fixed", known=known, minimize_budget=5, announce=False)
     pr.base, pr.base_label = base.signature_of, "installed"
-    by_fix = FindingStore(tmp_path / "by-fix", "fixed", known=known, minimize_budget=5, announce=False)
+    by_fix = Triage(FindingStore(tmp_path / "by-fix"), "fixed", known=known, minimize_budget=5, announce=False)
     try:
         with patching.applied(mutants.patches("split_hash_grid")):
             sig = signature_of(planted, "fixed")
             assert sig == "slot_hash:short/chunk-end+ckpt"
-            assert by_fix.handle(planted, sig, "planted", {}) is None  # a known fix explains it
-            filed = pr.handle(planted, sig, "planted", {})
-            pre = pr.handle(upstream, signature_of(upstream, "fixed"), "upstream", {})
+            assert by_fix.handle(planted, Violation(sig, "planted"), {}) is None  # a known fix explains it
+            filed = pr.handle(planted, Violation(sig, "planted"), {})
+            pre = pr.handle(upstream, Violation(signature_of(upstream, "fixed"), "upstream"), {})
     finally:
         base.close()
     meta = corpus.load_case(filed.path).extra["finding"]

@@ -72,8 +72,9 @@ def test_a_disagreement_is_signed_by_its_first_differing_field_mixer_and_runner(
     scenario = load_case(SEED).scenario
     assert conform_target.verdict(scenario, ("v1", "v2")) is None
     monkeypatch.setattr(KernelModel, "run_row", _without_precopy(KernelModel.run_row))
-    sig, message = conform_target.verdict(scenario, ("v2",))
-    assert sig == "conform:precopy/gdn@v2", message
+    v = conform_target.verdict(scenario, ("v2",))
+    sig = v.signature
+    assert sig == "conform:precopy/gdn@v2" and v.fine_signature is None, v.message
     assert conform_target.runner_of(sig) == "v2"
 
 

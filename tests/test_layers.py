@@ -21,15 +21,6 @@ from mambafuzz import LAYERS
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "mambafuzz"
 
-# TEMPORARY, deleted at the merge of the triage split (search/triage.py takes triage out of the
-# store): the store's edges into checks and search that the triage engineer removes. Each entry is
-# (importing module, imported module).
-PENDING_TRIAGE_SPLIT = {
-    ("mambafuzz.store.finding_store", "mambafuzz.checks.attribution"),
-    ("mambafuzz.store.finding_store", "mambafuzz.checks.pipeline"),
-    ("mambafuzz.store.finding_store", "mambafuzz.search.minimizer"),
-}
-
 # Module-level calls whose names say they plant, patch or enable something (`mutants.apply`,
 # `triton_cpu.enable`, a bridge's `_apply_planted_bug`, ...): on import they would change the process for
 # whoever imports. The one start-up step (mambafuzz.search.startup.prepare_worker) does these
@@ -122,12 +113,12 @@ def import_edges(sources: Mapping[str, tuple[str, str]]) -> list[Edge]:
             for e in _edges_under(ast.parse(text, filename=path), module, path, sources, False)]
 
 
-def back_edges(edges: Iterable[Edge], allowed: set[tuple[str, str]] = frozenset()) -> list[str]:
+def back_edges(edges: Iterable[Edge]) -> list[str]:
     """'path:line source -> target (from-layer -> to-layer)' for each edge that points up."""
     out = []
     for e in edges:
         src, dst = layer_of(e.source), layer_of(e.target)
-        if dst > src and (e.source, e.target) not in allowed:
+        if dst > src:
             out.append(f"{e.where} {e.source} -> {e.target} ({layer_name(src)} -> {layer_name(dst)})"
                        + (" [in a function]" if e.lazy else ""))
     return out
@@ -211,14 +202,8 @@ def test_every_module_is_in_one_layer_and_the_docstring_names_them_in_order():
 
 
 def test_imports_point_only_to_the_same_or_a_lower_layer():
-    bad = back_edges(EDGES, PENDING_TRIAGE_SPLIT)
+    bad = back_edges(EDGES)
     assert not bad, f"{len(bad)} import(s) against the layer order (mambafuzz.LAYERS):\n" + "\n".join(bad)
-
-
-def test_the_pending_triage_allowlist_holds_only_edges_that_still_exist():
-    present = {(e.source, e.target) for e in EDGES}
-    stale = sorted(PENDING_TRIAGE_SPLIT - present)
-    assert not stale, f"gone from the code, delete from PENDING_TRIAGE_SPLIT: {stale}"
 
 
 def test_no_import_cycles():
@@ -244,7 +229,7 @@ def _with(extra: dict[str, str]) -> dict[str, tuple[str, str]]:
 
 def test_a_planted_back_edge_is_reported_with_its_place_and_layers():
     sources = _with({"mambafuzz/sim/x.py": "import os\n\n\ndef f():\n    from mambafuzz.search import supervisor\n"})
-    bad = back_edges(import_edges(sources), PENDING_TRIAGE_SPLIT)
+    bad = back_edges(import_edges(sources))
     assert bad == ["mambafuzz/sim/x.py:5 mambafuzz.sim.x -> mambafuzz.search.supervisor (sim -> search) [in a function]"]
 
 

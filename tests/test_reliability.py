@@ -276,10 +276,12 @@ def test_two_fuzz_processes_can_share_one_corpus(tmp_path):
 
 
 def test_flaky_finding_is_filed_as_flaky(tmp_path):
+    from mambafuzz.findings import Violation
+    from mambafuzz.search.triage import Triage
     from mambafuzz.store.finding_store import FindingStore
 
-    store = FindingStore(tmp_path, "tests.helpers.flaky_split:split", repro_runs=6, announce=False)
-    filed = store.handle(first_chunk_scenario(), "slot_hash:short/chunk-end", "seen once", {"engine": "test"})
+    triage = Triage(FindingStore(tmp_path), "tests.helpers.flaky_split:split", repro_runs=6, announce=False)
+    filed = triage.handle(first_chunk_scenario(), Violation("slot_hash:short/chunk-end", "seen once"), {"engine": "test"})
     assert filed is not None and filed.flaky and filed.path.name.startswith("flaky-")
     hits, runs = map(int, filed.repro_rate.split("/"))
     assert runs == 6 and 0 < hits < 6
@@ -297,7 +299,7 @@ def test_stale_temporary_files_are_swept(tmp_path):
     old.write_text("{")
     fresh.write_text("{")
     os.utime(old, (time.time() - 3600, time.time() - 3600))
-    FindingStore(tmp_path, "fixed", announce=False)
+    FindingStore(tmp_path)
     assert not old.exists() and fresh.exists()  # a fresh one may belong to a live writer
 
 

@@ -1,11 +1,18 @@
 """Pure functions from traces to findings.  Each check returns the first violation it sees
-(a `Finding`), or None; `judge` runs them all in a fixed order."""
+(a `Finding`), or None; `judge` runs them all in a fixed order: the built-in checks below, then
+the check of every oracle registered with one (mambafuzz.findings.ORACLES), in registration
+order."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 
 from mambafuzz.findings import (
+    CLEAN,
+    ORACLES,
     Finding,
     Inefficiency,
     NocacheStaleRead,
@@ -15,6 +22,7 @@ from mambafuzz.findings import (
     StaleStateRead,
     Stall,
     UninitRead,
+    Violation,
     VllmCrash,
 )
 from mambafuzz.sim.state import State
@@ -339,7 +347,12 @@ class Verdict:
 
     @property
     def kind(self) -> str:
-        return self.primary.kind if self.primary else "clean"
+        return self.primary.kind if self.primary else CLEAN
+
+    @property
+    def violation(self) -> Violation | None:
+        """The primary finding as a judge reports it (None: clean)."""
+        return None if self.primary is None else Violation.of(self.primary)
 
 
 def judge(cached: Trace, uncached: Trace | None = None, reference: Trace | None = None,
@@ -362,8 +375,36 @@ def judge(cached: Trace, uncached: Trace | None = None, reference: Trace | None 
             other.location = "nocache-" + other.location
             checks.append(other)
     verdict.findings = [f for f in checks if f is not None]
+    for found in registered_findings(cached, uncached):
+        (verdict.findings if found.fails else verdict.reports).append(found)
     if reference is not None:
         eff = check_efficiency(cached, reference)
         if eff is not None:
             (verdict.findings if strict_efficiency else verdict.reports).append(eff)
     return verdict
+
+
+Check = Callable[[Trace, "Trace | None"], "Finding | None"]
+
+
+@cache
+def _check_function(path: str) -> Check:
+    module, _, name = path.partition(":")
+    fn = getattr(importlib.import_module(module), name, None)
+    if not callable(fn):
+        raise ValueError(f"oracle check {path!r} is not a callable module:function")
+    return fn
+
+
+def registered_findings(cached: Trace, uncached: Trace | None = None) -> list[Finding]:
+    """What the checks of the registered oracles (those beyond the built-in ones) report."""
+    out = []
+    for oracle in list(ORACLES.values()):
+        if oracle.check is None:
+            continue
+        found = _check_function(oracle.check)(cached, uncached)
+        if found is not None:
+            if found.kind != oracle.kind:
+                raise ValueError(f"oracle {oracle.kind}'s check {oracle.check} reported a {found.kind} finding")
+            out.append(found)
+    return out

@@ -1,11 +1,14 @@
-"""One evaluation: scenario -> traces (cached, uncached, reference split) -> verdict."""
+"""One evaluation: scenario -> traces (cached, uncached, reference split) -> verdict; and the
+`Judge` triage re-checks findings with (the oracles under a split: `oracle_judge`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from mambafuzz.checks import oracle
+from mambafuzz.findings import Violation
 from mambafuzz.model.scenario import Scenario, ScenarioError, with_runner
 from mambafuzz.sim import harness, patching, splits
 from mambafuzz.sim.trace import Trace
@@ -40,29 +43,59 @@ def evaluate(scenario: Scenario, split: str = "fixed", differential: bool = True
     return Evaluation(verdict, trace, uncached, reference)
 
 
-def _primary(scenario: Scenario, split: str, patches: Sequence[patching.Patch]):
-    """The primary finding when `scenario` fails under `split` (and `patches`), else None; a
-    scenario that cannot run is None too."""
-    try:
-        v = evaluate(scenario, split, efficiency=False, patches=patches).verdict
-    except ScenarioError:
-        return None
-    return None if v.clean else v.primary
+def violation_of(scenario: Scenario, split: str = "fixed", patches: Sequence[patching.Patch] = ()) -> Violation | None:
+    """The primary finding as a judge reports it when `scenario` fails under `split` (and
+    `patches`), else None; ScenarioError when it cannot run."""
+    return evaluate(scenario, split, efficiency=False, patches=patches).verdict.violation
 
 
 def signature_of(scenario: Scenario, split: str = "fixed", patches: Sequence[patching.Patch] = ()) -> str | None:
-    """The primary finding's signature, or None.  The one definition of "fails the same way"
-    (with `same_signature`) that filing, minimizing, attribution and export share."""
-    primary = _primary(scenario, split, patches)
-    return None if primary is None else primary.signature
-
-
-def fine_signature_of(scenario: Scenario, split: str = "fixed", patches: Sequence[patching.Patch] = ()) -> str | None:
-    """The primary finding's fine signature (the coarse one plus its mechanism), or None."""
-    primary = _primary(scenario, split, patches)
-    return None if primary is None else primary.fine_signature
+    """The primary finding's signature, or None (a scenario that cannot run is None too).  The
+    one definition of "fails the same way" (with `same_signature`) that filing, minimizing,
+    attribution and export share."""
+    try:
+        v = violation_of(scenario, split, patches)
+    except ScenarioError:
+        return None
+    return None if v is None else v.signature
 
 
 def same_signature(scenario: Scenario, split: str, signature: str, patches: Sequence[patching.Patch] = ()) -> bool:
     """Does `scenario` still fail under `split` with exactly `signature`?"""
     return signature_of(scenario, split, patches) == signature
+
+
+@dataclass(frozen=True)
+class Judge:
+    """What judges an input for a campaign, and how its findings are named and replayed: the
+    violation a scenario fails with (`verdict`: None when clean; raises ScenarioError for a
+    scenario that cannot run), the findings' file-name prefix, the replay command for a filed
+    case, and entries added to its finding block.  The scheduler target judges by the oracles
+    under a split (`oracle_judge`), the conform target by the conformance comparison
+    (mambafuzz.conform.target).  A worker judges each input with it, and triage re-checks with
+    it what it files (mambafuzz.search.triage)."""
+
+    label: str
+    verdict: Callable[[Scenario], Violation | None]
+    repro: Callable[[Path, str], str]  # (case path, signature) -> command
+    meta: dict = field(default_factory=dict)
+    fine: bool = True  # its violations carry a fine signature (False: the coarse one is as fine as it gets)
+
+    def _violation(self, scenario: Scenario) -> Violation | None:
+        try:
+            return self.verdict(scenario)
+        except ScenarioError:
+            return None
+
+    def signature_of(self, scenario: Scenario) -> str | None:
+        """The coarse signature `scenario` fails with; None when clean or unusable."""
+        v = self._violation(scenario)
+        return None if v is None else v.signature
+
+    def fine_signature_of(self, scenario: Scenario) -> str | None:
+        v = self._violation(scenario)
+        return None if v is None else v.fine_signature
+
+
+def oracle_judge(split: str) -> Judge:
+    return Judge(split, lambda s: violation_of(s, split), lambda path, sig: f"mambafuzz repro {path} --split {split}")

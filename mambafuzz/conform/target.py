@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mambafuzz.checks.pipeline import Judge
 from mambafuzz.conform import compare as conform_check
 from mambafuzz.exit_codes import ToolError, one_line
+from mambafuzz.findings import Violation
 from mambafuzz.model.scenario import Scenario, ScenarioError
 from mambafuzz.sim import vllm_bridge as vb
-from mambafuzz.store.finding_store import Judge
 
 FIELDS = ("read", "writes", "precopy", "postcopy", "checkpoint")  # conform_check.Effect, in order
 
@@ -44,24 +45,18 @@ def first_disagreement(s: Scenario, runners: Sequence[str]) -> conform_check.Dis
                         "a tool failure, not a disagreement") from exc
 
 
-def verdict(s: Scenario, runners: Sequence[str]) -> tuple[str, str] | None:
-    """(signature, message) of the first disagreement, or None when the mirror agrees."""
+def verdict(s: Scenario, runners: Sequence[str]) -> Violation | None:
+    """The first disagreement (its signature is as fine as it gets), or None when the mirror agrees."""
     d = first_disagreement(s, runners)
-    return None if d is None else (signature(d), d.describe())
+    return None if d is None else Violation(signature(d), d.describe())
 
 
 def judge(runners: Sequence[str], patch_specs: Sequence[str] = ()) -> Judge:
-    """How a finding store re-checks, names and replays conform findings (the `--patch` specs
-    are part of the replay command: a planted rule lives in them)."""
-
-    def signature_of(s: Scenario) -> str | None:
-        try:
-            v = verdict(s, runners)
-        except ScenarioError:
-            return None
-        return None if v is None else v[0]
+    """How a worker judges, and triage re-checks, names and replays, conform findings (the
+    `--patch` specs are part of the replay command: a planted rule lives in them)."""
 
     def repro(path, sig: str) -> str:
         return f"mambafuzz conform {path} --runner {runner_of(sig)}" + "".join(f" --patch {p}" for p in patch_specs)
 
-    return Judge("conform", signature_of, repro, {"target": "conform", "runners": list(runners)})
+    return Judge("conform", lambda s: verdict(s, runners), repro, {"target": "conform", "runners": list(runners)},
+                 fine=False)

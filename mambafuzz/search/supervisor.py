@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from mambafuzz.findings import Violation
 from mambafuzz.search import generators
 from mambafuzz.search.generators import Launch
 from mambafuzz.search.worker_protocol import CONFIG_ENV, CampaignConfig, WorkerConfig, parse_event
@@ -175,13 +176,13 @@ class Campaign:
             self.say(f"TOOL FAILURE (worker {w.proc.pid} goes on): {self.tool_errors[-1]}")
         elif kind == "finding" and event.get("pre_existing"):
             self.pre_existing.append(event)
-            self.say(f"PRE-EXISTING {event.get('signature')} (the base shows it too) -> {event.get('path')}")
+            self.say(f"PRE-EXISTING {Violation.from_json(event).signature} (the base shows it too) -> {event.get('path')}")
         elif kind == "finding":
             self.filed.append(event)
             if self.first_finding is None and not event.get("flaky"):
                 self.first_finding = self.elapsed()
             tag = "FLAKY" if event.get("flaky") else "FOUND"
-            self.say(f"{tag} {event.get('signature')} reproduced {event.get('reproduced')} -> {event.get('path')} "
+            self.say(f"{tag} {Violation.from_json(event).signature} reproduced {event.get('reproduced')} -> {event.get('path')} "
                      f"(minimized to {event.get('requests')} requests, {event.get('tokens')} tokens in "
                      f"{event.get('minimize_seconds')}s)")
 

@@ -19,43 +19,42 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from mambafuzz.checks.pipeline import evaluate
+from mambafuzz.checks.pipeline import oracle_judge
 from mambafuzz.exit_codes import EXIT_TOOL, ToolError
 from mambafuzz.model.inputs import decode_input
 from mambafuzz.model.scenario import Scenario, ScenarioError, with_runner, with_scheduling
 from mambafuzz.search import generators
+from mambafuzz.search.triage import Filed, Triage, known_signatures
 from mambafuzz.search.worker_protocol import WorkerConfig, emit
 from mambafuzz.store.corpus import atomic_write, content_name
-from mambafuzz.store.finding_store import Filed, FindingStore, known_signatures
+from mambafuzz.store.finding_store import FindingStore
 
 STATUS_EVERY = 3.0
-Verdict = tuple[str, ...] | None  # (signature, message[, fine signature]) of a violation, or None: clean
 
 
 class Runtime:
     def __init__(self, config: WorkerConfig):
         """Runs inputs in a process its entry point prepared (mambafuzz.search.startup.prepare_worker)."""
         self.config = config
+        store = FindingStore(Path(config.findings))
         if config.target == "conform":
             from mambafuzz.conform import target as conform_target
             from mambafuzz.model import runners as model_runners
 
             runners = (config.runner,) if config.runner else model_runners.names()
-            self._judge = lambda s: conform_target.verdict(s, runners)
             # No known bugs: they are the oracles' business, and attributed by replaying those.
-            self.store = FindingStore(Path(config.findings), config.split, known_bugs=[],
-                                      minimize_budget=config.minimize_budget, announce=False,
-                                      judge=conform_target.judge(runners, config.patches))
+            self.triage = Triage(store, config.split, conform_target.judge(runners, config.patches), known_bugs=[],
+                                 minimize_budget=config.minimize_budget, announce=False)
         else:
-            self._judge = self._oracle_verdict
             known = known_signatures([Path(d) for d in config.known_dirs], config.split, config.runner)
-            self.store = FindingStore(Path(config.findings), config.split, known=known,
-                                      minimize_budget=config.minimize_budget, announce=False)
+            self.triage = Triage(store, config.split, oracle_judge(config.split), known=known,
+                                 minimize_budget=config.minimize_budget, announce=False)
             if config.base:
                 from mambafuzz.search.base_oracle import BaseOracle
 
                 base = BaseOracle(config.base, config.split, config.known_fix_dirs)
-                self.store.base, self.store.base_label = base.signature_of, config.base
+                self.triage.base, self.triage.base_label = base.signature_of, config.base
+        self.judge = self.triage.judge
         self.execs = 0
         self.modes = {"sync": 0, "async": 0}  # executions per scheduling mode (unset counts as vLLM's: async)
         self.rejected = 0
@@ -70,24 +69,19 @@ class Runtime:
     def decode(self, data: bytes) -> Scenario | None:
         return decode_input(data, generators.get(self.config.generator).decoder)
 
-    def _oracle_verdict(self, scenario: Scenario) -> Verdict:
-        v = evaluate(scenario, self.config.split, efficiency=False).verdict
-        return None if v.clean else (v.primary.signature, v.primary.message, v.primary.fine_signature)
-
     def run_scenario(self, scenario: Scenario, origin: dict, raw: bytes | None = None) -> bool:
         """Judge once; file a finding if any.  Returns True when a new finding was filed."""
         try:
             # every scenario runs on the campaign's runner, so a filed finding replays on it
             scenario = with_scheduling(with_runner(scenario, self.config.runner), self.config.scheduling)
-            found = self._judge(scenario)
+            violation = self.judge.verdict(scenario)
             self.execs += 1
             self.modes["sync" if scenario.engine.async_scheduling is False else "async"] += 1
             filed = None
-            if found is not None:
+            if violation is not None:
                 origin = dict(origin, engine=self.config.generator, target=self.config.target, execs=self.execs,
                               seconds=round(time.monotonic() - self.started, 2))
-                filed = self.store.handle(scenario, found[0], found[1], origin, raw,
-                                          fine_signature=found[2] if len(found) > 2 else None)
+                filed = self.triage.handle(scenario, violation, origin, raw)
                 if filed is not None:
                     self.report_finding(filed)
         except ScenarioError:
@@ -129,7 +123,7 @@ class Runtime:
         os._exit(EXIT_TOOL)
 
     def report_finding(self, filed: Filed) -> None:
-        emit("finding", signature=filed.signature, path=str(filed.path), flaky=filed.flaky,
+        emit("finding", **filed.violation.to_json(), path=str(filed.path), flaky=filed.flaky,
              pre_existing=filed.pre_existing,
              reproduced=filed.repro_rate, requests=filed.size[0], tokens=filed.size[2],
              minimize_seconds=round(filed.minimize_seconds, 2),
@@ -152,7 +146,7 @@ class Runtime:
     def status(self, final: bool = False, **extra) -> None:
         """A `progress` event, or the `done` event when `final`."""
         emit("done" if final else "progress", execs=self.execs, rejected=self.rejected,
-             findings=len(self.store.filed), dups=self.store.duplicates, modes=self.modes, tool_errors=self.tool_errors,
+             findings=len(self.triage.filed), dups=self.triage.duplicates, modes=self.modes, tool_errors=self.tool_errors,
              seconds=round(time.monotonic() - self.started, 1), rss_mb=round(current_rss_mb()), **extra)
 
 

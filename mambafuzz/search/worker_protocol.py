@@ -6,7 +6,8 @@
   argv only; they inherit the environment and so read the same file.
 - Up: a worker prints JSON events, one per line, behind the prefix `@@event `: `started`
   (once it has imported vLLM and is ready to run inputs), `progress` (its counters),
-  `finding` (what it filed), `tool_error` (mambafuzz failed on one input, kept; the worker goes
+  `finding` (what it filed: the judge's `mambafuzz.findings.Violation`, in its `to_json` keys,
+  and where triage filed it), `tool_error` (mambafuzz failed on one input, kept; the worker goes
   on), `error` (why it cannot run) and `done`.  The supervisor acts on
   these alone; everything else a worker prints is log.  libFuzzer's own status lines are log
   too, read only for what no worker can know (libFuzzer's coverage and corpus counters).
@@ -134,4 +135,8 @@ def parse_event(line: str) -> dict[str, Any] | None:
         event = json.loads(line[len(EVENT_PREFIX):])
     except ValueError:
         return None
-    return event if isinstance(event, dict) and event.get("event") in EVENTS else None
+    if not isinstance(event, dict) or event.get("event") not in EVENTS:
+        return None
+    if event["event"] == "finding" and not isinstance(event.get("signature"), str):
+        return None  # no Violation to read back
+    return event

@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mambafuzz.findings import verdict_kinds
 from mambafuzz.model.inputs import COMPANION_SUFFIXES
 from mambafuzz.model.runners import RUNNERS
 from mambafuzz.model.scenario import Scenario, ScenarioError, from_json
 from mambafuzz.store import vllm_expectations
 
 MAX_FILE_BYTES = 1 << 20
-KNOWN_KINDS = ("clean", "slot_hash", "resume_state", "stale_read", "uninit_read", "nocache_stale_read",
-               "output_divergence", "stall", "vllm_crash")
 
 
 # The engine tier's verdicts per split, for cases without a `finding` block (findings keep
@@ -74,14 +73,15 @@ def parse_case(text: str, where: str) -> Case:
             isinstance(k, str) and isinstance(v, dict) for k, v in confirmation.items())):
         raise CaseError(f"{where}: {ENGINE_CONFIRMATION} must map split names to confirmation objects")
     expected = raw.get("expected", {})
+    kinds = verdict_kinds()  # clean or a failing kind of the oracle registry (mambafuzz.findings)
     if not isinstance(expected, dict) or any(
-        not isinstance(k, str) or v not in KNOWN_KINDS or split_key(k)[1] not in (None, *RUNNERS)
+        not isinstance(k, str) or v not in kinds or split_key(k)[1] not in (None, *RUNNERS)
         for k, v in expected.items()
     ):
         raise CaseError(f"{where}: expected must map split names (or split@runner, runner one of "
-                        f"{', '.join(RUNNERS)}) to one of {', '.join(KNOWN_KINDS)}")
+                        f"{', '.join(RUNNERS)}) to one of {', '.join(kinds)}")
     by_vllm = raw.get(vllm_expectations.KEY)
-    if by_vllm is not None and (bad := vllm_expectations.problems(by_vllm, KNOWN_KINDS)):
+    if by_vllm is not None and (bad := vllm_expectations.problems(by_vllm, kinds)):
         raise CaseError(f"{where}: {bad[0]}")
     extra = {k: raw[k] for k in ("note", "origin", "finding", ENGINE_CONFIRMATION, vllm_expectations.KEY) if k in raw}
     return Case(Path(where), scenario, vllm_expectations.for_installed(dict(expected), by_vllm), extra)

@@ -1,7 +1,8 @@
 """Hand a finding to vLLM's maintainers: a standalone pytest in the style of vLLM's
 tests/v1/core (vLLM's own APIs only, no mambafuzz import) and the issue text.
 
-The test's assertion is what the scheduler can see of the finding's kind:
+The test's assertion is what the scheduler can see of the finding's kind, as the kind's oracle
+registers it (`export` in mambafuzz.findings.ORACLES):
 - `slot_hash`: every mamba block a step newly publishes claims a position where that
   request's state was actually left (a chunk end, a load, an internal checkpoint);
 - `vllm_crash`: `schedule()` does not raise (`nocache-` crashes run with prefix caching off);
@@ -19,6 +20,7 @@ import re
 import textwrap
 from pathlib import Path
 
+from mambafuzz.findings import V1_ACCEPTED_KEPT, export_assertion
 from mambafuzz.model import runners as model_runners
 from mambafuzz.model.scenario import ample_pool_blocks
 from mambafuzz.store.corpus import Case
@@ -36,7 +38,6 @@ from mambafuzz.upstream.vllm_template import (
 )
 
 TINY_CONFIG = Path(__file__).parent.parent / "tiny_model" / "config.json"
-V1_ACCEPTED_KEPT = "v1_accepted_kept"  # a check of V1's persistent batch, not of the scheduler
 MAMBA_GROUPS = 3  # mamba KV-cache groups in a --style vllm test: the harness's tiny model has three
 
 
@@ -48,16 +49,11 @@ class ExportError(ValueError):
 
 
 def check_for(signature: str) -> str:
-    kind = signature.split(":")[0]
-    if kind == "slot_hash":
-        return "published_state_written"
-    if kind == "vllm_crash":
-        return "no_crash"
-    if signature.endswith("/accepted-reset"):
-        return V1_ACCEPTED_KEPT
-    if signature in ("stale_read:from-empty", "uninit_read:from-empty") or signature.endswith("/prefill-kept-drafts"):
-        return "fresh_prompt_not_spec_row"
-    raise ExportError(f"no scheduler-side assertion for {signature} yet")
+    """The test's assertion for `signature`: what its kind's oracle registers (mambafuzz.findings)."""
+    check = export_assertion(signature)
+    if check is None:
+        raise ExportError(f"no scheduler-side assertion for {signature} yet")
+    return check
 
 
 def case_signature(case: Case) -> str:
@@ -286,7 +282,7 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
         reproducer, style = vllm_test_source(case, title), "vllm"
     except ExportError:
         reproducer, style = test_source(case, title), "standalone"
-    from mambafuzz.store.finding_store import vllm_version  # the version a finding records
+    from mambafuzz.sim.vllm_compat.about import vllm_version  # the version a finding records
 
     parts = [f"# [Bug]: {title or case.path.stem}", "", "## Your current environment", "",
              f"vLLM {vllm_version()} (also checked: the 0.33.0 release tree), Python 3.11, scheduler and "

@@ -1,0 +1,105 @@
+"""A new oracle is one module (its Finding subclass and check) plus one registration
+(`mambafuzz.findings.register`): the judge, `expected` tables, triage and the exporter pick it
+up from the registry.  The oracle here is registered by the test itself and gone after it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mambafuzz import findings
+from mambafuzz.checks.pipeline import evaluate, oracle_judge
+from mambafuzz.search.triage import Triage
+from mambafuzz.store import corpus
+from mambafuzz.store.finding_store import FindingStore
+from mambafuzz.upstream import export
+from tests.conftest import shared_prefix_scenario
+
+KIND = "test_crowd"
+REPORT_KIND = "test_crowd_report"
+
+
+class Crowd(findings.Finding):
+    """A test-only verdict: more than one request generated tokens in the run."""
+
+    kind = KIND
+
+
+class CrowdReport(findings.Finding):
+    kind = REPORT_KIND
+    fails = False
+
+
+def check_crowd(cached, uncached=None):
+    served = sorted(rid for rid, tokens in cached.outputs.items() if tokens)
+    return Crowd(f"{len(served)} requests generated tokens", location="two-or-more") if len(served) > 1 else None
+
+
+def check_crowd_report(cached, uncached=None):
+    found = check_crowd(cached, uncached)
+    return None if found is None else CrowdReport(found.message, location=found.location)
+
+
+@pytest.fixture
+def crowd_oracle():
+    """The whole of what a real oracle adds: its module (above) and one registration line."""
+    findings.register(findings.Oracle(KIND, check=f"{__name__}:check_crowd", export=lambda location: findings.NO_CRASH))
+    yield
+    del findings.ORACLES[KIND]
+
+
+def test_the_judge_runs_a_registered_check_after_the_built_in_ones(crowd_oracle):
+    verdict = evaluate(shared_prefix_scenario(), "fixed", efficiency=False).verdict
+    assert [f.kind for f in verdict.findings] == [KIND]
+    assert verdict.violation == findings.Violation(f"{KIND}:two-or-more", "2 requests generated tokens",
+                                                   f"{KIND}:two-or-more")
+
+
+def test_without_the_registration_nothing_reports_it():
+    assert KIND not in findings.ORACLES
+    assert evaluate(shared_prefix_scenario(), "fixed", efficiency=False).verdict.clean
+    with pytest.raises(corpus.CaseError, match="to one of clean, slot_hash"):
+        corpus.parse_case(corpus.case_json(shared_prefix_scenario(), {"fixed": KIND}), "x.json")
+    with pytest.raises(export.ExportError, match="no scheduler-side assertion"):
+        export.check_for(f"{KIND}:two-or-more")
+
+
+def test_a_registered_kind_is_a_verdict_an_expected_table_may_name(crowd_oracle):
+    text = corpus.case_json(shared_prefix_scenario(), {"fixed": KIND},
+                            expected_by_vllm={"0.1": {"fixed": KIND}})
+    assert corpus.parse_case(text, "x.json").expected["fixed"] == KIND
+    assert KIND in findings.verdict_kinds()
+
+
+def test_the_exporter_reads_a_registered_kinds_assertion(crowd_oracle):
+    assert export.check_for(f"{KIND}:two-or-more") == findings.NO_CRASH
+    assert export.check_for("slot_hash:short/chunk-end") == findings.PUBLISHED_STATE_WRITTEN  # built-ins unchanged
+
+
+def test_triage_files_a_registered_kind(crowd_oracle, tmp_path):
+    scenario = shared_prefix_scenario()
+    violation = oracle_judge("fixed").verdict(scenario)
+    triage = Triage(FindingStore(tmp_path), "fixed", known=set(), minimize_budget=2, announce=False)
+    filed = triage.handle(scenario, violation, {"engine": "test"})
+    assert filed is not None and not filed.flaky and filed.signature == f"{KIND}:two-or-more"
+    meta = json.loads(filed.path.read_text())["finding"]
+    assert meta["kind"] == KIND and meta["reproduced"] == "3/3"
+    assert triage.handle(scenario, violation, {}) is None and triage.duplicates == 1
+
+
+def test_a_report_only_kind_is_reported_never_judged_failing(tmp_path):
+    findings.register(findings.Oracle(REPORT_KIND, fails=False, check=f"{__name__}:check_crowd_report"))
+    try:
+        verdict = evaluate(shared_prefix_scenario(), "fixed", efficiency=False).verdict
+        assert verdict.clean and [f.kind for f in verdict.reports] == [REPORT_KIND]
+        assert REPORT_KIND not in findings.verdict_kinds()
+    finally:
+        del findings.ORACLES[REPORT_KIND]
+
+
+def test_a_kind_registers_once():
+    with pytest.raises(ValueError):
+        findings.register(findings.Oracle("slot_hash"))
+    with pytest.raises(ValueError):
+        findings.register(findings.Oracle(findings.CLEAN))
