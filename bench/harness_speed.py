@@ -164,20 +164,20 @@ def builds_from_scratch() -> Iterator[None]:
     """While active, every harness run builds its configs as a vLLM unit test does: the
     bridge's ModelConfig, VllmConfig and KV-cache-group caches are bypassed (and left intact
     for the other modes)."""
-    saved = (vb._VLLM_CONFIGS, vb._model_config, vb._kv_cache_groups, vb.vllm_config_for)
+    saved = (vb._VLLM_CONFIGS, vb.tiny_model_config, vb.kv_cache_groups_for, vb.vllm_config_for)
     cached_builder = vb.vllm_config_for
 
     def from_scratch(e, max_model_len, connector=True):
         vb._VLLM_CONFIGS = {}
         return cached_builder(e, max_model_len, connector)
 
-    vb._model_config = saved[1].__wrapped__
-    vb._kv_cache_groups = saved[2].__wrapped__
+    vb.tiny_model_config = saved[1].__wrapped__
+    vb.kv_cache_groups_for = saved[2].__wrapped__
     vb.vllm_config_for = from_scratch
     try:
         yield
     finally:
-        vb._VLLM_CONFIGS, vb._model_config, vb._kv_cache_groups, vb.vllm_config_for = saved
+        vb._VLLM_CONFIGS, vb.tiny_model_config, vb.kv_cache_groups_for, vb.vllm_config_for = saved
 
 
 def as_vllm_tests(fn: Callable[[], object]) -> None:

@@ -42,7 +42,7 @@ CONFORM_RELEASES = ("0.32.", "0.33.")
 
 
 @contextlib.contextmanager
-def _worker_code_of_other_releases_is_unsupported() -> Iterator[None]:
+def worker_code_of_other_releases_is_unsupported() -> Iterator[None]:
     """On a release outside CONFORM_RELEASES, a worker API that is missing or shaped differently
     (AttributeError, TypeError) is an unsupported vLLM, said in one line, not an internal error."""
     try:
@@ -79,7 +79,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
 
     def check(scenario, where: str) -> None:
         nonlocal checked
-        with patching.applied(patches), _worker_code_of_other_releases_is_unsupported():
+        with patching.applied(patches), worker_code_of_other_releases_is_unsupported():
             for d in conform_check.compare(scenario, runners):
                 seen[d.key] += 1
                 if seen[d.key] == 1:

@@ -12,7 +12,7 @@ from mambafuzz.store.corpus import Case
 from mambafuzz.upstream.export import (
     STYLES,
     ExportError,
-    _analysis,
+    finding_analysis,
     fix_dir,
     report_text,
     test_source,
@@ -53,7 +53,7 @@ def _cmd_export_test(args) -> int:
     from mambafuzz.store.corpus import atomic_write
 
     case = _load(args.case)
-    title, _ = _analysis(fix_dir(case))
+    title, _ = finding_analysis(fix_dir(case))
     try:
         source = vllm_test_source(case, title) if args.style == "vllm" else test_source(case, title)
         atomic_write(args.output, source)

@@ -137,7 +137,7 @@ def _usage(msg: str) -> UsageError:
     return UsageError(msg)
 
 
-def _input_dirs(given: list[str], defaults: list[str], flag: str, consequence: str) -> list[Path]:
+def input_dirs(given: list[str], defaults: list[str], flag: str, consequence: str) -> list[Path]:
     """Directories a fuzz run reads.  A directory named on the command line must exist.  The
     defaults are relative to the project: from another working directory they are found in
     the checkout this package runs from, and a warning says what is lost when they are not."""
@@ -202,8 +202,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     for d in [args.corpus, args.findings]:
         if Path(d).exists() and not Path(d).is_dir():
             raise _usage(f"{d} exists and is not a directory")
-    seed_dirs = _input_dirs(args.seeds, DEFAULT_SEEDS, "--seeds", "the run starts without seeds")
-    known_dirs = _input_dirs(args.known, DEFAULT_KNOWN, "--known",
+    seed_dirs = input_dirs(args.seeds, DEFAULT_SEEDS, "--seeds", "the run starts without seeds")
+    known_dirs = input_dirs(args.known, DEFAULT_KNOWN, "--known",
                              "known upstream behaviours and regressions will be filed as new findings")
     patch_specs, known_fix_dirs = _worker_patches(args, known_dirs)
     cfg = CampaignConfig(

@@ -155,7 +155,7 @@ class V1Worker:
         ib = self.input_batch
         num_reqs = ib.num_reqs
         if self.async_scheduling and self.num_spec > 0:
-            self._gather_async_accepted(num_reqs)
+            self.gather_async_accepted(num_reqs)
         ib.block_table.commit_block_table(num_reqs)
         pre = self._observe_copies(lambda: mamba_utils.preprocess_mamba(
             out, self.kv_cache_config, self.worker_config.cache_config, self.mamba_state_idx, ib,
@@ -228,7 +228,7 @@ class V1Worker:
         reorder_batch_to_split_decodes_and_prefills(ib, out, decode_threshold=self.reorder_threshold)
         ib.refresh_metadata()
 
-    def _gather_async_accepted(self, num_reqs: int) -> None:
+    def gather_async_accepted(self, num_reqs: int) -> None:
         """`GPUModelRunner._prepare_inputs` under async scheduling in align mode (gpu_model_runner.py,
         "Async mode: condense() reordered indices, use prev_positions mapping"): each row takes the
         accepted count at its request's row of the previous step, a row new to the batch takes 1.

@@ -250,7 +250,7 @@ def _new_audit(sched: Any) -> SchedulerAudit | None:
             null_block_id=null_id, vocab_size=VOCAB_SIZE, spec_engine=num_spec > 0,
             num_speculative_tokens=num_spec), runner=runner, mixer="mamba2" if checkpoints else "gdn")
     every = max(int(os.environ.get(ENV_EVERY, "100") or 100), 1)
-    _maybe_counter(sched)
+    maybe_counter(sched)
     from mambafuzz.sim.cache_audit import BlockAuditor
     from mambafuzz.sim.hash_book import HashBook
     from mambafuzz.sim.worker_mirror import WorkerMirror
@@ -262,7 +262,7 @@ def _new_audit(sched: Any) -> SchedulerAudit | None:
                           {g: BlockAuditor(book, models[g], s.block_size) for g, s in groups.items()})
 
 
-def _maybe_counter(sched: Any) -> None:
+def maybe_counter(sched: Any) -> None:
     global _COUNTER
     if _COUNTER is not None or not getattr(sched, "log_stats", False):
         return
@@ -368,13 +368,13 @@ def _after_update(sched: Any, audit: SchedulerAudit, accepted: dict[str, int]) -
     for req in list(sched.requests.values()):  # tokens appended this step extend the truth
         if req.request_id in audit.truths:
             _learn(audit, req, _truth(audit, req))
-    _judge(sched, audit)
+    judge_blocks(sched, audit)
     if audit.steps % audit.every == 0:
         logger.info("step %d: %d mamba prefix-cache entries checked, %d poisoned", audit.steps, audit.checked,
                     audit.count)
 
 
-def _judge(sched: Any, audit: SchedulerAudit) -> None:
+def judge_blocks(sched: Any, audit: SchedulerAudit) -> None:
     """Judge this step's publications on mamba blocks still cached, each key once."""
     from mambafuzz.checks.oracle import holds_other_state, slot_hash_poisoned
     from mambafuzz.sim.vllm_compat.api import get_block_hash, get_group_id

@@ -67,7 +67,7 @@ class EngineSpec:
     spec_method: str | None = None  # speculative decoding (the tiny model ships MTP weights)
     num_speculative_tokens: int = 0
     # AsyncScheduler under EngineCore.step_with_batch_queue; the CPU platform turns it off, and
-    # `_start` keeps it on (`_async_scheduling_on_cpu`): the uniproc executor supports it
+    # `start_engine` keeps it on (`_async_scheduling_on_cpu`): the uniproc executor supports it
     async_scheduling: bool = False
 
     @classmethod
@@ -270,7 +270,7 @@ def get_engine(spec: EngineSpec) -> EngineHandle:
     while len(_ENGINES) >= max(CACHE_CAPACITY, 1):
         _, old = _ENGINES.popitem(last=False)
         old.shutdown()
-    handle = _start(spec)
+    handle = start_engine(spec)
     _ENGINES[spec] = handle
     return handle
 
@@ -288,7 +288,7 @@ def drop_engine(spec: EngineSpec) -> None:
         handle.shutdown()
 
 
-def _start(spec: EngineSpec) -> EngineHandle:
+def start_engine(spec: EngineSpec) -> EngineHandle:
     import logging
     import time
 

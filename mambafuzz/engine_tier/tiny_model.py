@@ -6,7 +6,7 @@ dummy weights make a context-blind model (every output repeats one token), so a 
 mamba state could never change an output.  Weights drawn with a fixed seed and a wide
 `initializer_range`, plus a slow GDN decay (see A_RANGE), give greedy outputs that depend
 on early context through the recurrent state, which is what lets a poisoned prefix-cache
-entry show up as a token divergence (tests/test_engine_tier.py checks both); a fixed MoE
+entry show up as a token divergence (tests/engine_tier/test_engine_tier.py checks both); a fixed MoE
 routing (see STABLE_ROUTING) keeps bf16 noise from doing the same.  Building takes a few
 seconds and writes about 8 MB (MTP weights included, see MTP below).
 

@@ -142,12 +142,12 @@ def draw_engine(src: Source) -> EngineConfig:
     )
     for name, k in knobs().items():  # a knob with no distribution of its own gets a generic one
         if k.generate and name not in DRAWN_HERE:
-            setattr(engine, name, _draw_knob(src, k))
+            setattr(engine, name, draw_knob(src, k))
     return engine
 
 
 # The knobs draw_engine and draw_scenario give hand-made distributions (block boundaries,
-# divisors, budgets that fragment chunks); every other knob is drawn by _draw_knob.
+# divisors, budgets that fragment chunks); every other knob is drawn by draw_knob.
 DRAWN_HERE = frozenset({
     "mamba_block_size", "attn_block_size", "prefix_match_unit", "max_num_batched_tokens",
     "long_prefill_token_threshold", "max_num_seqs", "spec_method", "num_speculative_tokens",
@@ -156,7 +156,7 @@ DRAWN_HERE = frozenset({
 })
 
 
-def _draw_knob(src: Source, k: Knob) -> object:
+def draw_knob(src: Source, k: Knob) -> object:
     """A value from a knob's declared range: its simplest value half of the time."""
     if k.kind == "bool":
         return None if k.optional and src.bool() else src.bool()
@@ -205,7 +205,7 @@ def draw_scenario(src: Source) -> Scenario:
         engine.num_gpu_blocks = min(src.int(lo, lo + max(1, (hi - lo) // 4)), 4096)
     # Drawn last, so every earlier draw (and an input recorded before the knob existed) decodes
     # as it did: vLLM's default (async in 0.32) half of the time, each explicit mode a quarter.
-    engine.async_scheduling = _draw_knob(src, knobs()["async_scheduling"])
+    engine.async_scheduling = draw_knob(src, knobs()["async_scheduling"])
     for req in requests:
         if req.abort_step is not None:
             req.abort_in_flight = src.bool()

@@ -36,7 +36,7 @@ class PatchSpecError(ValueError):
     """A --patch value that does not name patches."""
 
 
-def _resolve(target: str) -> tuple[Any, str]:
+def resolve_target(target: str) -> tuple[Any, str]:
     """(owner object, attribute name) for `module:Qual.name`."""
     module_name, _, qual = target.partition(":")
     try:
@@ -126,12 +126,12 @@ def _find_indented(text: str, snippet: str) -> list[tuple[int, int, str]]:
 Patch = Wrap | Rewrite
 
 # Wraps of the split, innermost first, for candidates bound on the scheduler instance.
-_split_wraps: list[Wrap] = []
+split_wraps: list[Wrap] = []
 
 
 def wrap_split(split: Callable[..., int]) -> Callable[..., int]:
     """A `--split` candidate wrapped by every active fix of the split target."""
-    for w in _split_wraps:
+    for w in split_wraps:
         split = w.make(split)
     return split
 
@@ -151,13 +151,13 @@ def applied(patches: Sequence[Patch]) -> Iterator[None]:
 
 def apply_one(p: Patch) -> Callable[[], None]:
     """Apply one patch; returns the function that restores what it replaced."""
-    owner, attr = _resolve(p.target)
+    owner, attr = resolve_target(p.target)
     had_own = isinstance(owner, type) and attr in vars(owner)
     current = vars(owner)[attr] if had_own else getattr(owner, attr)
     setattr(owner, attr, p.replacement(current))
     is_split = p.target == SPLIT_TARGET and isinstance(p, Wrap) and p.wraps_candidates
     if is_split:
-        _split_wraps.append(p)
+        split_wraps.append(p)
 
     def restore() -> None:
         if had_own or not isinstance(owner, type):
@@ -165,7 +165,7 @@ def apply_one(p: Patch) -> Callable[[], None]:
         else:  # it was inherited: uncover the base class's attribute again
             delattr(owner, attr)
         if is_split:
-            _split_wraps.remove(p)
+            split_wraps.remove(p)
     return restore
 
 

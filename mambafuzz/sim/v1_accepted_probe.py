@@ -25,7 +25,7 @@ PROBE_ACCEPTED = 2  # what postprocess_mamba leaves after a step that kept one d
 PROBE_ID = "mambafuzz-probe"
 
 _answers: dict[tuple[Any, ...], bool] = {}
-probe_runs = 0  # probes run by this process (the cost check in tests/test_runners.py)
+probe_runs = 0  # probes run by this process (the cost check in tests/sim/test_runners.py)
 
 
 def _probed() -> tuple[Any, ...] | None:

@@ -93,7 +93,7 @@ PREFILL_CHECKPOINTS = features.has_prefill_checkpoint_rule(
 
 
 @lru_cache(maxsize=1)
-def _model_config() -> ModelConfig:
+def tiny_model_config() -> ModelConfig:
     # One ModelConfig per process: the first build costs seconds, and its max_model_len
     # only bounds the scheduler configs built from it.
     return ModelConfig(model=str(TINY_MODEL_DIR), skip_tokenizer_init=True, max_model_len=16384)
@@ -102,7 +102,7 @@ def _model_config() -> ModelConfig:
 _BUILD_KEY_FIELDS = tuple(name for name, k in knobs().items() if k.build_key)
 
 
-def _engine_key(e: EngineConfig, max_model_len: int, connector: bool = True) -> tuple:
+def engine_key(e: EngineConfig, max_model_len: int, connector: bool = True) -> tuple:
     """What a VllmConfig built from `e` depends on (the knobs declared `build_key`)."""
     return (*(getattr(e, name) for name in _BUILD_KEY_FIELDS), e.hash_block_size, max_model_len, connector)
 
@@ -118,11 +118,11 @@ class ConfigRejected(ValueError):
 def vllm_config_for(e: EngineConfig, max_model_len: int, connector: bool = True) -> VllmConfig:
     """Build (once per distinct config in this process) the VllmConfig vLLM would use; with
     `connector`, the scenario's KV connector (mambafuzz.sim.connector) is configured as a consumer."""
-    key = _engine_key(e, max_model_len, connector)
+    key = engine_key(e, max_model_len, connector)
     if key in _VLLM_CONFIGS:
         _VLLM_CONFIGS[key] = _VLLM_CONFIGS.pop(key)  # most recently used last
         return _VLLM_CONFIGS[key]
-    model_config = _model_config()
+    model_config = tiny_model_config()
     cache_config = CacheConfig(**features.fit_kwargs(CacheConfig, dict(
         block_size=e.mamba_block_size,
         enable_prefix_caching=e.enable_prefix_caching,
@@ -238,7 +238,7 @@ def _checked_config(e: EngineConfig, max_model_len: int, connector: bool = True)
 
 
 @lru_cache(maxsize=64)
-def _kv_cache_groups(attn_block: int, mamba_block: int, caching: bool, spec_blocks: int, checkpoint_blocks: int,
+def kv_cache_groups_for(attn_block: int, mamba_block: int, caching: bool, spec_blocks: int, checkpoint_blocks: int,
                      checkpoint_alignment: int | None) -> tuple[KVCacheGroupSpec, ...]:
     """The KV-cache groups for one geometry, built once (vLLM's grouping deep-copies specs: slow)."""
     attn = FullAttentionSpec(block_size=attn_block, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
@@ -261,7 +261,7 @@ def kv_cache_config_for(e: EngineConfig, num_blocks: int, max_model_len: int) ->
     # (model_executor/models/config.py, HybridAttentionMambaModelConfig): one running state per
     # request plus its speculative blocks, never a table that grows per block.
     mamba_block = e.mamba_block_size if e.enable_prefix_caching else max_model_len
-    groups = list(_kv_cache_groups(e.attn_block_size, mamba_block, e.enable_prefix_caching,
+    groups = list(kv_cache_groups_for(e.attn_block_size, mamba_block, e.enable_prefix_caching,
                                    e.num_speculative_tokens if e.uses_spec_decode else 0,
                                    e.num_prefill_checkpoint_blocks, e.prefill_checkpoint_alignment))
     # vLLM's KV-cache utilities copy the retention interval from CacheConfig into KVCacheConfig, and the

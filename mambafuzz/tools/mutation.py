@@ -82,7 +82,7 @@ def expand(names: list[str]) -> list[str]:
 
 
 @cache
-def _source(target: str) -> tuple[str, int, str]:
+def function_source(target: str) -> tuple[str, int, str]:
     """(dedented source, first line, file) of the installed function."""
     _, _, attr = _owner_and_function(target)
     fn = getattr(attr, "__func__", attr)
@@ -91,7 +91,7 @@ def _source(target: str) -> tuple[str, int, str]:
 
 
 def digest(target: str) -> str:
-    return hashlib.sha256(_source(target)[0].encode()).hexdigest()[:12]
+    return hashlib.sha256(function_source(target)[0].encode()).hexdigest()[:12]
 
 
 @cache
@@ -105,7 +105,7 @@ def mutants_of(target: str) -> tuple[Mutant, ...]:
     except ImportError as exc:
         raise MutantError(f"mutmut 3.8 is needed to generate mutants ({exc}): pip install -e '.[mutation]'") from None
 
-    src, first, _ = _source(target)
+    src, first, _ = function_source(target)
     module = cst.parse_module(src)
     wrapper = cst.MetadataWrapper(module)
     visitor = MutationVisitor(mutation_operators, IgnoredCode(set(), set(), set()))
@@ -140,7 +140,7 @@ def compile_mutant(m: Mutant) -> Any:
     """The mutated function, compiled under vLLM's file name and line numbers, in the original
     function's globals, with `__class__` bound so zero-argument `super()` still works."""
     cls, _, _ = _owner_and_function(m.target)
-    _, first, filename = _source(m.target)
+    _, first, filename = function_source(m.target)
     fn_name = m.target.rpartition(".")[2]
     # The factory's `def` line takes the line before the function, so line numbers stay vLLM's.
     text = f"def __mambafuzz_factory__(__class__):\n{textwrap.indent(m.source, '    ')}\n    return {fn_name}\n"

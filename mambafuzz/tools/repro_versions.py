@@ -15,7 +15,7 @@ from mambafuzz.tools.version_matrix import Cell, replay, version_of
 from mambafuzz.tools.vllm_envs import discover
 
 
-def _reference(path: str, split: str) -> tuple[str | None, str | None]:
+def reference_env(path: str, split: str) -> tuple[str | None, str | None]:
     """(signature, kind) the file records for `split`, read without vLLM."""
     try:
         raw = json.loads(Path(path).read_text())
@@ -29,7 +29,7 @@ def _reference(path: str, split: str) -> tuple[str | None, str | None]:
     return None, kind if isinstance(kind, str) and kind != "clean" else None
 
 
-def _reproduces(cell: Cell, signature: str | None, kind: str | None) -> bool:
+def reproduces(cell: Cell, signature: str | None, kind: str | None) -> bool:
     if cell.verdict in ("clean", "cannot run"):
         return False
     if signature is not None:
@@ -42,7 +42,7 @@ def repro_all_versions(files: list[str], split: str) -> int:
     results = [(env, version_of(env), replay(env, paths, split)) for env in discover()]
     worst = EXIT_CLEAN
     for f, path in zip(files, paths):
-        signature, kind = _reference(path, split)
+        signature, kind = reference_env(path, split)
         print(f"{f} [split {split}]" + (f" records {signature or kind}:" if signature or kind else ":"))
         where = []
         for env, version, cells in results:
@@ -53,7 +53,7 @@ def repro_all_versions(files: list[str], split: str) -> int:
             elif cell.verdict == "clean":
                 text = "clean"
             else:
-                same = _reproduces(cell, signature, kind)
+                same = reproduces(cell, signature, kind)
                 text = f"{'REPRODUCES' if same else 'other violation'}: {cell.verdict} ({cell.signature})"
                 if same:
                     where.append(label)

@@ -238,7 +238,7 @@ STATUS_SECTION = "Tracker status and main status"
 COST_SECTION = "### Cost"
 
 
-def _analysis(directory: Path | None) -> tuple[str, str]:
+def finding_analysis(directory: Path | None) -> tuple[str, str]:
     """(title, body) of the finding's README.md, without its heading and its fix section."""
     readme = directory / "README.md" if directory else None
     if readme is None or not readme.is_file():
@@ -272,7 +272,7 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
     from mambafuzz.tools.fix_cost import cost_table
 
     directory = fix_dir(case)
-    title, body = _analysis(directory)
+    title, body = finding_analysis(directory)
     sig = case_signature(case)
     runner = finding_runner(case)
     before = evaluate(case.scenario, "fixed", efficiency=False, runner=runner).verdict

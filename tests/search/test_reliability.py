@@ -22,7 +22,7 @@ from mambafuzz.store.corpus import CaseError, WalkStats, atomic_write, iter_case
 from mambafuzz.store.report import trace_digest
 from tests.conftest import first_chunk_scenario, shared_prefix_scenario
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---- determinism -------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 from mambafuzz.tools import repro_versions
 from mambafuzz.tools.version_matrix import Cell
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_setup_refuses_an_unknown_argument_before_making_anything(tmp_path):
@@ -34,13 +34,13 @@ def test_pr_overlay_refuses_a_tree_without_vllm(tmp_path):
 def test_reproduces_means_the_recorded_signature_or_kind(tmp_path):
     finding = tmp_path / "f.json"
     finding.write_text(json.dumps({"finding": {"split": "fixed", "signature": "slot_hash:short"}}))
-    sig, kind = repro_versions._reference(str(finding), "fixed")
+    sig, kind = repro_versions.reference_env(str(finding), "fixed")
     assert (sig, kind) == ("slot_hash:short", "slot_hash")
-    assert repro_versions._reproduces(Cell("slot_hash", signature="slot_hash:short"), sig, kind)
-    assert not repro_versions._reproduces(Cell("slot_hash", signature="slot_hash:long"), sig, kind)
+    assert repro_versions.reproduces(Cell("slot_hash", signature="slot_hash:short"), sig, kind)
+    assert not repro_versions.reproduces(Cell("slot_hash", signature="slot_hash:long"), sig, kind)
     case = tmp_path / "c.json"
     case.write_text(json.dumps({"expected": {"fixed": "vllm_crash"}}))
-    sig, kind = repro_versions._reference(str(case), "fixed")
-    assert repro_versions._reproduces(Cell("vllm_crash", signature="x"), sig, kind)
-    assert not repro_versions._reproduces(Cell("stall", signature="stall:step-bound"), sig, kind)
-    assert not repro_versions._reproduces(Cell("cannot run", reason="no rule"), sig, kind)
+    sig, kind = repro_versions.reference_env(str(case), "fixed")
+    assert repro_versions.reproduces(Cell("vllm_crash", signature="x"), sig, kind)
+    assert not repro_versions.reproduces(Cell("stall", signature="stall:step-bound"), sig, kind)
+    assert not repro_versions.reproduces(Cell("cannot run", reason="no rule"), sig, kind)

@@ -38,7 +38,7 @@ def test_any_bytes_decode_to_a_scenario(data):
     assert isinstance(validate(s), list)
 
 
-KNOWN_UPSTREAM = known_signatures([Path(__file__).resolve().parent.parent / "corpus" / "upstream"], "fixed")
+KNOWN_UPSTREAM = known_signatures([Path(__file__).resolve().parents[2] / "corpus" / "upstream"], "fixed")
 
 
 @given(scenarios())

@@ -8,7 +8,7 @@ import pytest
 
 from mambafuzz.search.instrumentation import COVERAGE_MODULES, under
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_under_matches_whole_module_names_only():

@@ -10,7 +10,7 @@ import pytest
 from mambafuzz.model import generate
 from mambafuzz.model.scenario import KEEP, EngineConfig, Knob, RequestSpec, Scenario, knobs, validate
 from mambafuzz.search import minimizer
-from mambafuzz.sim.vllm_bridge import _engine_key
+from mambafuzz.sim.vllm_bridge import engine_key
 
 KNOBS = knobs()
 
@@ -49,7 +49,7 @@ def test_the_config_cache_key_covers_exactly_the_build_knobs():
     base = EngineConfig()
     for name, k in KNOBS.items():
         changed = dataclasses.replace(base, **{name: _other_value(k, getattr(base, name))})
-        assert (_engine_key(changed, 100) != _engine_key(base, 100)) == k.build_key, name
+        assert (engine_key(changed, 100) != engine_key(base, 100)) == k.build_key, name
 
 
 def test_the_uncached_twin_takes_each_declared_uncached_value():
@@ -82,7 +82,7 @@ def test_the_generator_draws_every_knob_either_by_hand_or_from_its_declaration()
     assert generate.DRAWN_HERE <= set(KNOBS)
     rng = random.Random(5)
     spec = Knob(kind="int", lo=2, hi=9, optional=True, simplest=2)
-    values = {generate._draw_knob(generate.RandomSource(rng), spec) for _ in range(400)}
+    values = {generate.draw_knob(generate.RandomSource(rng), spec) for _ in range(400)}
     assert None in values and 2 in values and values - {None} <= set(range(2, 10)) and len(values) > 4
-    assert {generate._draw_knob(generate.RandomSource(rng), Knob(kind="choice", choices=("a", "b")))
+    assert {generate.draw_knob(generate.RandomSource(rng), Knob(kind="choice", choices=("a", "b")))
             for _ in range(50)} == {"a", "b"}

@@ -18,7 +18,7 @@ from mambafuzz.sim.vllm_compat import VllmUnsupported, features
 from mambafuzz.sim.vllm_compat.resolve import Missing, check_all, resolve
 from mambafuzz.sim.vllm_compat.symbols import OPTIONAL, SYMBOLS, Place
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPAT = ROOT / "mambafuzz" / "sim" / "vllm_compat"
 
 

@@ -14,7 +14,7 @@ from mambafuzz.sim import patching
 from mambafuzz.store import corpus
 from mambafuzz.tools import mutation as mt
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPLIT = "mm:Scheduler._mamba_block_aligned_split"
 CASE = ROOT / "tests" / "data" / "mutant_split_chunk_end_plus_start.json"
 
@@ -34,7 +34,7 @@ def test_every_mutant_of_the_split_and_the_manager_applies_with_a_unique_id():
     assert {m.target.rpartition(".")[2] for m in every} >= {"find_longest_cache_hit", "cache_blocks", "__init__"}
     for m in every:
         assert mt.find(m.id) == m
-        assert m.source != mt._source(m.target)[0], m.id
+        assert m.source != mt.function_source(m.target)[0], m.id
         assert patching.check_applies(mutants.patches(m.id)) is None, m.id
 
 

@@ -14,7 +14,7 @@ import pytest
 from mambafuzz.store import corpus
 from mambafuzz.upstream import export
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM = ROOT / "corpus" / "upstream"
 # exports need a fix; a case that fails only under async scheduling has none (the standalone test
 # drives the synchronous Scheduler): test_a_crash_that_needs_async_scheduling_is_refused_in_one_line
@@ -31,7 +31,7 @@ def exported(path: Path) -> Path:
 @pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
 def test_committed_export_is_current_and_imports_no_mambafuzz(path):
     case = corpus.load_case(path)
-    source = export.test_source(case, export._analysis(export.fix_dir(case))[0])
+    source = export.test_source(case, export.finding_analysis(export.fix_dir(case))[0])
     assert exported(path).read_text() == source, f"re-run: mambafuzz export-test {path} -o {exported(path)}"
     assert "import mambafuzz" not in source and "from fuzz" not in source
 
@@ -157,7 +157,7 @@ def test_report_follows_vllms_bug_template_with_the_short_test_inline(stem):
     assert text.startswith("# [Bug]: ")
     assert [line for line in text.splitlines() if line.startswith("## ")] == REPORT_SECTIONS
     reproducer = text.split("## Minimal reproducer\n", 1)[1].split("\n## ", 1)[0]
-    title = export._analysis(export.fix_dir(case))[0]
+    title = export.finding_analysis(export.fix_dir(case))[0]
     try:
         test, style = export.vllm_test_source(case, title), "vllm"
     except export.ExportError:

@@ -100,7 +100,7 @@ def test_the_audit_plugin_judges_a_publication_with_the_oracles_predicate():
     audit = audit_plugin.SchedulerAudit({1: m}, 4, 100, False, 0, book, WorkerMirror([m], False),
                                         {1: BlockAuditor(book, m, 4)})
     audit.pending = [audit_plugin._Pending(key, 6), audit_plugin._Pending(unknown, 7)]
-    audit_plugin._judge(sched, audit)
+    audit_plugin.judge_blocks(sched, audit)
     assert (audit.checked, audit.unjudged) == (1, 1)
     [bad] = audit.poisoned
     assert (bad.request_id, bad.column, bad.claimed_tokens, bad.recorded_tokens) == ("r0", 1, 8, 4)

@@ -9,7 +9,7 @@ from mambafuzz.search import mutants
 from mambafuzz.sim import patching
 from mambafuzz.store import corpus
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ROOT / "corpus" / "seeds"
 
 
@@ -42,7 +42,7 @@ def test_a_row_scheduled_past_its_tokens_is_a_finding_not_a_tool_failure():
     from mambafuzz.search import mutants
     from mambafuzz.store import corpus
 
-    case = corpus.load_case(Path(__file__).parent / "data" / "spec_no_rollback_schedules_past_tokens.json")
+    case = corpus.load_case(Path(__file__).resolve().parents[1] / "data" / "spec_no_rollback_schedules_past_tokens.json")
     with_bug = evaluate(case.scenario, "fixed", efficiency=False, patches=mutants.patches("spec_no_rollback")).verdict
     assert with_bug.primary.fine_signature == "vllm_crash:SchedulerContract@scheduler-output|row-within-tokens", \
         with_bug.primary.message
@@ -55,7 +55,7 @@ def test_a_row_of_drafts_alone_is_a_contract_finding_not_a_tool_failure():
     past the row's outputs (IndexError in `_accept`, a tool failure that stopped the worker)."""
     from mambafuzz.checks.pipeline import evaluate
 
-    case = corpus.load_case(Path(__file__).parent / "data" / "spec_half_rollback_drafts_without_a_token.json")
+    case = corpus.load_case(Path(__file__).resolve().parents[1] / "data" / "spec_half_rollback_drafts_without_a_token.json")
     with_bug = evaluate(case.scenario, "fixed", efficiency=False, patches=mutants.patches("spec_half_rollback")).verdict
     assert with_bug.primary.fine_signature == "vllm_crash:SchedulerContract@scheduler-output|row-verifies-drafts", \
         with_bug.primary.message

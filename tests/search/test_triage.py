@@ -13,7 +13,7 @@ from mambafuzz.search.worker_protocol import parse_event
 from mambafuzz.store.finding_store import FindingStore
 from tests.conftest import first_chunk_scenario
 
-STORE = Path(__file__).resolve().parent.parent / "mambafuzz" / "store"
+STORE = Path(__file__).resolve().parents[2] / "mambafuzz" / "store"
 
 
 def test_the_store_imports_nothing_from_checks_or_search():

@@ -24,7 +24,7 @@ from mambafuzz.search.startup import prepare_process
 from mambafuzz.search.worker_protocol import WorkerConfig
 from tests.conftest import first_chunk_scenario
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 T3 = Runner("t3", "Model Runner T3", "test_registries.py", use_v2_model_runner=True)
 
 

@@ -26,7 +26,7 @@ from mambafuzz.sim import vllm_bridge as vb
 from mambafuzz.store.corpus import load_case
 from mambafuzz.store.report import step_table, trace_digest
 
-SEEDS = Path(__file__).resolve().parent.parent / "corpus" / "seeds"
+SEEDS = Path(__file__).resolve().parents[2] / "corpus" / "seeds"
 
 
 def seed(name: str) -> Scenario:
@@ -235,11 +235,11 @@ def test_v1_async_gather_reads_each_rows_accepted_count_where_the_copy_landed():
     assert ib.req_ids[:2] == ["a", "b"]
     w._prev_index = {"a": 1, "b": 0}  # last forward: b in row 0, a in row 1
     w._landing = {0: 2, 1: 3}  # b kept 2 tokens, a kept 3: their copies land at those rows
-    w._gather_async_accepted(2)
+    w.gather_async_accepted(2)
     assert list(ib.num_accepted_tokens_cpu[:2]) == [3, 2]  # a (row 0) and b (row 1) each read their own
     ib.num_accepted_tokens_cpu[:2] = [3, 2]  # a copy that landed before the rows moved...
     w._landing = {}
-    w._gather_async_accepted(2)
+    w.gather_async_accepted(2)
     assert list(ib.num_accepted_tokens_cpu[:2]) == [2, 3]  # ...is read crosswise
 
 

@@ -35,7 +35,7 @@ def test_random_engine_finds_the_prefix_bug_from_an_empty_corpus_and_files_it_mi
 
 def test_atheris_engine_runs_and_grows_the_corpus_on_fixed(tmp_path):
     pytest.importorskip("atheris")
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     proc = mambafuzz("fuzz", "--split", "fixed", "--generator", "atheris", "--runs", "150", "--max-time", "120",
                      "--corpus", str(tmp_path / "corpus"), "--seeds", "--findings", str(tmp_path / "findings"),
                      "--known", str(root / "corpus" / "regressions"), str(root / "corpus" / "upstream"), cwd=tmp_path)
@@ -105,18 +105,18 @@ def test_default_input_dirs_are_found_from_any_working_directory(tmp_path, monke
     from mambafuzz.cli import fuzzing as cli_fuzz
 
     monkeypatch.chdir(tmp_path)
-    got = cli_fuzz._input_dirs(cli_fuzz.DEFAULT_KNOWN, cli_fuzz.DEFAULT_KNOWN, "--known", "lost")
+    got = cli_fuzz.input_dirs(cli_fuzz.DEFAULT_KNOWN, cli_fuzz.DEFAULT_KNOWN, "--known", "lost")
     assert got == [cli_fuzz.PROJECT_ROOT / "corpus/regressions", cli_fuzz.PROJECT_ROOT / "corpus/upstream"]
     assert capsys.readouterr().err == ""
 
     monkeypatch.setattr(cli_fuzz, "PROJECT_ROOT", tmp_path / "elsewhere")
-    assert cli_fuzz._input_dirs(cli_fuzz.DEFAULT_SEEDS, cli_fuzz.DEFAULT_SEEDS, "--seeds", "no seeds") == []
+    assert cli_fuzz.input_dirs(cli_fuzz.DEFAULT_SEEDS, cli_fuzz.DEFAULT_SEEDS, "--seeds", "no seeds") == []
     err = capsys.readouterr().err
     assert "warning: --seeds default corpus/seeds not found" in err and "no seeds" in err
 
     (tmp_path / "mine").mkdir()
-    assert cli_fuzz._input_dirs(["mine"], cli_fuzz.DEFAULT_KNOWN, "--known", "lost") == [Path("mine")]
-    assert cli_fuzz._input_dirs([], cli_fuzz.DEFAULT_KNOWN, "--known", "lost") == []  # known signatures off
+    assert cli_fuzz.input_dirs(["mine"], cli_fuzz.DEFAULT_KNOWN, "--known", "lost") == [Path("mine")]
+    assert cli_fuzz.input_dirs([], cli_fuzz.DEFAULT_KNOWN, "--known", "lost") == []  # known signatures off
     assert main(["fuzz", "--generator", "random", "--runs", "1", "--known", "typo"]) == 2
     assert "--known typo: no such directory" in capsys.readouterr().err
 

@@ -1,7 +1,7 @@
 """Engine confirmations recorded in case files (`corpus confirm-engine`, `mambafuzz`/`minimize
 --confirm-engine`), with the engine replaced by a fake: what is written where, that writes are
 atomic and repeatable, and that bad input is a one-line error.  The real engine path is in
-tests/test_engine_tier.py (marked `engine`)."""
+tests/engine_tier/test_engine_tier.py (marked `engine`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from mambafuzz.model.inputs import decode_json_case
 from mambafuzz.store import corpus
 from tests.conftest import first_chunk_scenario
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REGRESSION = ROOT / "corpus" / "regressions" / "unaligned_resume_partial_hit.json"
 UPSTREAM = ROOT / "corpus" / "upstream" / "internal_checkpoint_midblock_resume" / "internal_checkpoint_poison_read_back.json"
 

@@ -172,7 +172,7 @@ def test_a_blocks_first_use_holds_the_zeros_the_cache_was_allocated_with():
     from mambafuzz.checks.pipeline import evaluate
     from mambafuzz.store.corpus import load_case
 
-    case = load_case(Path(__file__).parent.parent / "corpus/upstream/spec_pad_one_token_prompt_unzeroed_block/spec_pad_one_token_prompt_unzeroed_block.json")
+    case = load_case(Path(__file__).resolve().parents[2] / "corpus/upstream/spec_pad_one_token_prompt_unzeroed_block/spec_pad_one_token_prompt_unzeroed_block.json")
     fresh = dataclasses.replace(case.scenario, requests=case.scenario.requests[1:])
     assert evaluate(fresh, "fixed", efficiency=False, runner="v1").verdict.clean
     assert evaluate(case.scenario, "fixed", efficiency=False, runner="v1").verdict.kind == "uninit_read"

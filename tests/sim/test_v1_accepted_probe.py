@@ -10,7 +10,7 @@ from mambafuzz.sim.runners import V1Runner, V2Runner
 from mambafuzz.sim.vllm_compat.features import has_v1_accepted_probe
 from mambafuzz.store.corpus import load_case
 
-FINDING = Path(__file__).resolve().parent.parent / "corpus" / "upstream" / "v1_unscheduled_step_forgets_accepted_tokens"
+FINDING = Path(__file__).resolve().parents[2] / "corpus" / "upstream" / "v1_unscheduled_step_forgets_accepted_tokens"
 CASE = FINDING / "v1_unscheduled_step_forgets_accepted_tokens.json"
 
 

@@ -22,7 +22,7 @@ import pytest
 from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario, validate
 from mambafuzz.model.scenario import loads as scenario_loads
 
-SEEDS = sorted(glob.glob(str(Path(__file__).resolve().parent.parent / "corpus" / "seeds" / "*.json")))
+SEEDS = sorted(glob.glob(str(Path(__file__).resolve().parents[2] / "corpus" / "seeds" / "*.json")))
 BLOCK = 256
 
 
@@ -134,7 +134,7 @@ def test_interpreter_is_enabled_after_a_vllm_symbol_check_imported_the_kernel_mo
 
     script = textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from mambafuzz.sim.vllm_compat.resolve import check_all
         check_all()
         import vllm.v1.worker.mamba_utils as mu
@@ -161,7 +161,7 @@ def test_spec_decode_in_align_mode_is_skipped_without_the_interpreter(monkeypatc
     assert "InterpreterUnavailable: imported before the Triton interpreter was enabled" in reason
     assert engines.unsupported(MTP, prefix_caching=False) is None  # mamba cache mode none runs no align kernel
     with pytest.raises(engines.EngineStartError, match="needs the Triton interpreter: InterpreterUnavailable"):
-        engines._start(engines.EngineSpec.for_scenario(MTP, True))
+        engines.start_engine(engines.EngineSpec.for_scenario(MTP, True))
 
 
 def test_engine_view_ties_attention_block_to_mamba_block():
@@ -240,7 +240,7 @@ def test_audit_counts_what_the_harness_oracle_counts(audit):
     from mambafuzz.sim import harness, splits
     from mambafuzz.store import corpus
 
-    root = Path(__file__).resolve().parent.parent / "corpus"
+    root = Path(__file__).resolve().parents[2] / "corpus"
     cases = sorted(str(p) for d in ("seeds", "regressions", "upstream") for p in (root / d).rglob("*.json"))
     total = 0
     for path in cases:
@@ -276,7 +276,7 @@ def test_audit_counter_exported_when_stats_are_on(audit, monkeypatch):
     from mambafuzz.sim import harness
 
     monkeypatch.setattr(audit, "_COUNTER", None)
-    audit._maybe_counter(types.SimpleNamespace(log_stats=True))
+    audit.maybe_counter(types.SimpleNamespace(log_stats=True))
     before = prometheus_client.REGISTRY.get_sample_value(audit.COUNTER_NAME)
     assert before is not None
     harness.run(POISON, naive_split, "naive")
@@ -392,7 +392,7 @@ def test_engine_crash_is_reported(engine_cache):
     assert confirm(POISON, "fixed")["status"] == "agreed"  # a fresh engine replaced the crashed one
 
 
-READ_BACK = Path(__file__).resolve().parent.parent / "corpus" / "regressions" / "first_chunk_fragmented_read_back.json"
+READ_BACK = Path(__file__).resolve().parents[2] / "corpus" / "regressions" / "first_chunk_fragmented_read_back.json"
 
 
 @pytest.mark.engine
@@ -440,7 +440,7 @@ def test_align_mode_mtp_stops_at_the_precopy_kernel_without_the_interpreter():
     script = textwrap.dedent(f"""
         import os, sys, traceback
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from mambafuzz.engine_tier import engines
         from mambafuzz.engine_tier.tiny_model import ensure_model
         from mambafuzz.sim.vllm_compat.api import EngineArgs, LLMEngine, SamplingParams
@@ -463,7 +463,7 @@ def test_align_mode_mtp_stops_at_the_precopy_kernel_without_the_interpreter():
     assert line == "STOP TypeError 'function' object is not subscriptable | v1/worker/mamba_utils.py run_fused_precopy"
 
 
-SPEC_PAD = Path(__file__).resolve().parent.parent / "corpus" / "upstream" / "spec_pad_clipped_by_long_prefill_threshold" / "spec_pad_clipped_by_long_prefill_threshold.json"
+SPEC_PAD = Path(__file__).resolve().parents[2] / "corpus" / "upstream" / "spec_pad_clipped_by_long_prefill_threshold" / "spec_pad_clipped_by_long_prefill_threshold.json"
 
 
 @pytest.mark.engine
@@ -511,7 +511,7 @@ def test_audit_loads_through_the_documented_switch_in_a_fresh_engine_process():
 
     script = textwrap.dedent(f"""
         import json, sys
-        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from mambafuzz.engine_tier import engines, audit_plugin
         from mambafuzz.engine_tier.engine_repro import replay
         from tests.test_engine_tier import BUILT, POISON, naive_split

@@ -14,7 +14,7 @@ from mambafuzz.model import runners as model_runners  # noqa: E402
 from mambafuzz.sim.kernel_model import KernelModel  # noqa: E402
 from mambafuzz.store.corpus import load_case  # noqa: E402
 
-UPSTREAM = Path(__file__).resolve().parent.parent / "corpus" / "upstream"
+UPSTREAM = Path(__file__).resolve().parents[2] / "corpus" / "upstream"
 V1_SKIP = UPSTREAM / "v1_unscheduled_step_forgets_accepted_tokens" / "v1_unscheduled_step_forgets_accepted_tokens.json"
 PADDED = UPSTREAM / "spec_pad_one_token_prompt_unzeroed_block" / "spec_pad_one_token_prompt_unzeroed_block.json"
 
@@ -136,7 +136,7 @@ def test_worker_code_of_another_release_is_a_one_line_unsupported_vllm(monkeypat
     from mambafuzz.sim.vllm_compat import about
 
     def missing_api():
-        with conformance._worker_code_of_other_releases_is_unsupported():
+        with conformance.worker_code_of_other_releases_is_unsupported():
             raise AttributeError("'Mamba2AttentionMetadata' object has no attribute 'checkpoint_meta'")
 
     monkeypatch.setattr(about, "vllm_version", lambda: "0.31.0")

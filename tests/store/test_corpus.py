@@ -13,7 +13,7 @@ from mambafuzz.model.scenario import ScenarioError
 from mambafuzz.sim.vllm_compat import VllmUnsupported
 from mambafuzz.store.corpus import load_case, split_key
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REGRESSION_DIR = Path(__import__("os").environ.get("MAMBAFUZZ_REGRESSIONS", ROOT / "corpus" / "regressions"))
 SEEDS = sorted((ROOT / "corpus" / "seeds").glob("*.json"))
 UPSTREAM = sorted((ROOT / "corpus" / "upstream").rglob("*.json"))  # corpus/upstream/<finding>/*.json
@@ -75,7 +75,7 @@ def test_every_upstream_finding_has_a_fix_an_exported_test_and_a_report():
         assert (finding / "ISSUE.md").is_file(), f"{finding.name}: no exported report (mambafuzz export-report)"
         for case in finding.glob("*.json"):
             async_only = json.loads(case.read_text())["engine"].get("async_scheduling", False) is not False
-            # an async-only case has no standalone export (tests/test_export.py checks the refusal)
+            # an async-only case has no standalone export (tests/upstream/test_export.py checks the refusal)
             assert async_only or (finding / f"test_{case.stem}.py").is_file(), f"{case.name}: no exported test"
 
 

@@ -18,7 +18,7 @@ from mambafuzz.conform import target as conform_target  # noqa: E402
 from mambafuzz.sim.kernel_model import KernelModel  # noqa: E402
 from mambafuzz.store.corpus import load_case  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "corpus" / "seeds" / "shared_prefix_block_hits.json"
 
 # A planted mirror bug: the kernel model forgets the pre-forward copy of a row whose running

@@ -17,7 +17,7 @@ from mambafuzz.store import corpus
 from mambafuzz.store.finding_store import FindingStore
 from mambafuzz.upstream.export import finding_runner
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM = ROOT / "corpus" / "upstream"
 KNOWN = [ROOT / "corpus" / "regressions", UPSTREAM]
 MIDBLOCK = UPSTREAM / "internal_checkpoint_midblock_resume"
@@ -99,7 +99,7 @@ def test_regression_is_explained_by_the_installed_split():
 
 def test_patches_are_restored():
     bugs = attribution.load_known_bugs([UPSTREAM], "fixed")
-    targets = {p.target: patching._resolve(p.target) for b in bugs for p in b.patches}
+    targets = {p.target: patching.resolve_target(p.target) for b in bugs for p in b.patches}
     before = {t: vars(owner).get(attr) for t, (owner, attr) in targets.items()}
     for bug in bugs:
         with patching.applied(bug.patches):
@@ -107,7 +107,7 @@ def test_patches_are_restored():
                 owner, attr = targets[p.target]
                 assert vars(owner).get(attr) is not before[p.target]
     assert {t: vars(owner).get(attr) for t, (owner, attr) in targets.items()} == before
-    assert not patching._split_wraps
+    assert not patching.split_wraps
 
 
 def test_a_campaign_dedups_by_fine_signature(tmp_path):
