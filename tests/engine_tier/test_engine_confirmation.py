@@ -275,9 +275,9 @@ def test_cpu_partial_hit_is_clean_under_the_prefix_gates_in_the_harness_and_on_t
 def test_a_poisoning_split_is_confirmed_as_a_real_divergence(tmp_path, capsys):
     """The oracle's poisoned entry (naive split, no spec decode) is a wrong answer on the real
     model: recorded per split for a case without a finding block, and in the finding block."""
-    from tests.test_engine_tier import POISON
+    from tests.engine_tier.test_engine_tier import POISON
 
-    naive = "tests.test_engine_tier:naive_split"
+    naive = "tests.engine_tier.test_engine_tier:naive_split"
     regression = tmp_path / "poison.json"
     regression.write_text(corpus.case_json(POISON, {"fixed": "clean", naive: "slot_hash"}))
     assert main(["repro", str(regression), "--split", naive]) == 1
@@ -303,9 +303,9 @@ def test_minimized_slot_hash_without_a_reader_agrees_and_says_so(tmp_path, capsy
     """`minimize` keeps the signature (a poisoned entry is published), not a request that
     reads it back; on the engine nothing can then differ.  The record shows both sides: the
     engine agreed, and the harness predicted slot_hash only (no resume_state/output_divergence)."""
-    from tests.test_engine_tier import POISON
+    from tests.engine_tier.test_engine_tier import POISON
 
-    naive = "tests.test_engine_tier:naive_split"
+    naive = "tests.engine_tier.test_engine_tier:naive_split"
     path = tmp_path / "poison.json"
     path.write_text(POISON.dumps())
     assert main(["minimize", str(path), "--split", naive, "--budget", "20", "--confirm-engine"]) == 1

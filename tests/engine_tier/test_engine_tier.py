@@ -444,7 +444,7 @@ def test_align_mode_mtp_stops_at_the_precopy_kernel_without_the_interpreter():
         from mambafuzz.engine_tier import engines
         from mambafuzz.engine_tier.tiny_model import ensure_model
         from mambafuzz.sim.vllm_compat.api import EngineArgs, LLMEngine, SamplingParams
-        from tests.test_engine_tier import MTP
+        from tests.engine_tier.test_engine_tier import MTP
         spec = engines.EngineSpec.for_scenario(MTP, True)
         engine = LLMEngine.from_engine_args(EngineArgs(**spec.engine_args(str(ensure_model()))))
         engine.add_request("r0", {{"prompt_token_ids": MTP.prompt_tokens(0)}}, SamplingParams(max_tokens=2))
@@ -514,7 +514,7 @@ def test_audit_loads_through_the_documented_switch_in_a_fresh_engine_process():
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from mambafuzz.engine_tier import engines, audit_plugin
         from mambafuzz.engine_tier.engine_repro import replay
-        from tests.test_engine_tier import BUILT, POISON, naive_split
+        from tests.engine_tier.test_engine_tier import BUILT, POISON, naive_split
         out = {{}}
         for name, s, split in (("fixed", BUILT["shared_prefix_hits"], None), ("naive", POISON, naive_split)):
             handle = engines.get_engine(engines.EngineSpec.for_scenario(s, True))

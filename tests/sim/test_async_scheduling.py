@@ -226,7 +226,7 @@ def test_v1_async_gather_reads_each_rows_accepted_count_where_the_copy_landed():
     this step's condense() and reorder have moved the rows. Here "a" and "b" swapped rows since
     the last forward. If the copy had landed first (moved with its rows), the same gather would
     read each other's counts: the timing race this tier does not model, shown for the record."""
-    from tests.test_conform_vllm import MAMBA_BLOCK_SIZE, OTHER, make_worker, plans, row
+    from tests.conform.test_conform_vllm import MAMBA_BLOCK_SIZE, OTHER, make_worker, plans, row
 
     w = make_worker("v1", spec_method="mtp", num_speculative_tokens=2, async_scheduling=True)
     assert w.async_scheduling
