@@ -159,6 +159,9 @@ def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
     if any(r.abort_in_flight for r in s.requests):
         return ("an abort that arrives while a batch executes: the in-process engine takes aborts between steps "
                 "(LLMEngine.abort_request), never from the aborts queue inside one")
+    if e.pipeline_parallel_size > 1:
+        return (f"pipeline_parallel_size {e.pipeline_parallel_size}: the in-process CPU engine runs one stage on one "
+                "device; pipeline stages need a worker process per stage")
     if not prefix_caching:
         return None
     floor = min_block_size()

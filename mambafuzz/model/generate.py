@@ -209,6 +209,11 @@ def draw_scenario(src: Source) -> Scenario:
     for req in requests:
         if req.abort_step is not None:
             req.abort_in_flight = src.bool()
+    # Pipeline-parallel stages, drawn after everything else (older inputs decode as before): one
+    # scenario in eight, and only where it is modelled (async scheduling; Model Runner V2 is vLLM's
+    # pick, and a campaign's --runner v1 makes such a scenario invalid, one line).
+    if engine.async_scheduling is not False and src.int(0, 7) == 0:
+        engine.pipeline_parallel_size = src.int(2, knobs()["pipeline_parallel_size"].hi)
     return scenario
 
 

@@ -116,6 +116,12 @@ class EngineConfig:
     # in 0.32 for every config here. The minimizer moves it to vLLM's default: a case that still fails
     # there is one every default deployment can hit.
     async_scheduling: bool | None = knob(None, kind="bool", optional=True, simplest=None)
+    # Pipeline-parallel stages. vLLM keeps `max_concurrent_batches` = stages + 1 batches in flight on
+    # Model Runner V2 under async scheduling (config/vllm.py), and its AsyncScheduler lets a request
+    # decode once every `stages` steps (async_scheduler.py `decode_stagger`, `next_decode_eligible_step`).
+    # Modelled only there: vLLM turns async off for V1 with stages > 1, and the synchronous scheduler
+    # under a batch queue is not modelled. Drawn by mambafuzz.model.generate after the scheduling mode.
+    pipeline_parallel_size: int = knob(1, kind="int", lo=1, hi=4, simplest=1, generate=False)
 
     def without_prefix_caching(self) -> EngineConfig:
         """The same engine with prefix caching off: the differential's twin."""
@@ -340,6 +346,13 @@ def validate(s: Scenario) -> list[str]:
     _check_int(p, "token_seed", s.token_seed, 0, (1 << 63) - 1)
     if p:
         return p  # the arithmetic below needs well-typed numbers
+    if e.pipeline_parallel_size > 1:
+        if e.async_scheduling is False:
+            p.append(f"engine.pipeline_parallel_size {e.pipeline_parallel_size} needs async scheduling: the "
+                     "synchronous scheduler under pipeline parallelism is not modelled")
+        if e.runner is not None and not RUNNERS[e.runner].use_v2_model_runner:
+            p.append(f"engine.pipeline_parallel_size {e.pipeline_parallel_size} runs only on Model Runner V2: vLLM "
+                     "turns async scheduling off for V1 with pipeline parallelism (config/vllm.py)")
     if e.mamba_block_size % 8:
         p.append(f"engine.mamba_block_size {e.mamba_block_size} must be a multiple of 8 (causal_conv1d alignment)")
     if e.mamba_block_size % e.attn_block_size:
@@ -447,7 +460,16 @@ def with_runner(s: Scenario, runner: str | None) -> Scenario:
         return s
     if runner not in RUNNERS:
         raise ScenarioError([f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}"])
-    return dataclasses.replace(s, engine=dataclasses.replace(s.engine, runner=runner))
+    return _revalidated(dataclasses.replace(s, engine=dataclasses.replace(s.engine, runner=runner)))
+
+
+def _revalidated(s: Scenario) -> Scenario:
+    """`s`, or ScenarioError when the override made it a config that is not modelled (pipeline
+    stages off Model Runner V2 or without async scheduling)."""
+    problems = validate(s) if s.engine.pipeline_parallel_size > 1 else []
+    if problems:
+        raise ScenarioError(problems)
+    return s
 
 
 SCHEDULING_MODES = {"sync": False, "async": True, "default": None}  # --scheduling -> engine.async_scheduling
@@ -460,7 +482,7 @@ def with_scheduling(s: Scenario, mode: str | None) -> Scenario:
         return s
     if mode not in SCHEDULING_MODES:
         raise ScenarioError([f"scheduling must be one of {', '.join(SCHEDULING_MODES)}, got {mode!r}"])
-    return dataclasses.replace(s, engine=dataclasses.replace(s.engine, async_scheduling=SCHEDULING_MODES[mode]))
+    return _revalidated(dataclasses.replace(s, engine=dataclasses.replace(s.engine, async_scheduling=SCHEDULING_MODES[mode])))
 
 
 def ample_pool_blocks(s: Scenario) -> int:

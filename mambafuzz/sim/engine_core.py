@@ -46,7 +46,6 @@ class BatchQueue:
         self.depth = depth
         self.in_flight: deque[Batch] = deque()  # newest first, as the engine core's batch_queue
         self.count = 0
-        self.last_forward: Batch | None = None
 
     def __bool__(self) -> bool:
         return bool(self.in_flight)
@@ -63,7 +62,6 @@ class BatchQueue:
                 for queued in self.in_flight:
                     queued.stale.update(preempted.intersection(queued.scheduled))
             forward(scheduled)
-            self.last_forward = scheduled
             self.in_flight.appendleft(scheduled)
             if len(self.in_flight) < self.depth and (scheduled.scheduled or session.has_requests()):
                 return scheduled, None
@@ -75,18 +73,24 @@ class BatchQueue:
         return scheduled, batch
 
     def worker_corrections(self, session: Any, out: Any) -> dict[str, int]:
-        """Drafts the worker takes back before running `out`: the scheduler counted the previous
-        batch's drafts as accepted while that batch was still in flight; the worker runs each row
-        from where its request really is. V1 (`gpu_model_runner._update_states`) takes the rejected
-        drafts back for a request that was in the previous batch and was not dropped since
-        (`deferred_spec_decode_corrections`, applied ahead of `preprocess_mamba` in align mode); V2
-        keeps its own count on the GPU, advanced by the tokens each row kept (`gpu/input_batch.py`
-        `post_update`), which lands on the same position. Call it before `out`'s forward."""
-        prev = self.last_forward
-        if prev is None or prev.applied or not prev.rejected:
+        """Drafts the worker takes back before running `out`: the scheduler counted the drafts of
+        batches still in flight as accepted; the worker runs each row from where its request really
+        is. V1 (`gpu_model_runner._update_states`) takes the rejected drafts back for a request that
+        was in the previous batch and was not dropped since (`deferred_spec_decode_corrections`,
+        applied ahead of `preprocess_mamba` in align mode); V2 keeps its own count on the GPU,
+        advanced by the tokens each row kept (`gpu/input_batch.py` `post_update`), which lands on the
+        same position. With pipeline parallelism (V2 only) the batch a row's request was last in may
+        be any of the in-flight ones (`decode_stagger` keeps it out of the next `stages - 1`), so
+        every unapplied batch counts. Call it before `out`'s forward, while `out` is not queued."""
+        pending = [b for b in self.in_flight if b.rejected]  # forwarded, not applied (apply pops them)
+        if not pending:
             return {}
+        rejected: dict[str, int] = {}
+        for batch in pending:
+            for rid, n in batch.rejected.items():
+                rejected[rid] = rejected.get(rid, 0) + n
         resumed = out.scheduled_cached_reqs.resumed_req_ids
         if not out.preempted_req_ids and not resumed:
-            return prev.rejected
+            return rejected
         dropped = session.preempted(out) | set(resumed or ())
-        return {rid: n for rid, n in prev.rejected.items() if rid not in dropped}
+        return {rid: n for rid, n in rejected.items() if rid not in dropped}

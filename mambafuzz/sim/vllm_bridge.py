@@ -160,13 +160,17 @@ def vllm_config_for(e: EngineConfig, max_model_len: int, connector: bool = True)
         scheduler_config=scheduler_config,
         speculative_config=speculative_config,
         kv_transfer_config=kv_transfer_config,
+        # The scheduler reads the stage count (use_pp, AsyncScheduler.decode_stagger) and the engine
+        # core its batch-queue depth (max_concurrent_batches); one unified KV-cache config stands for
+        # the stages' (the scheduler sees one).
+        parallel_config=ParallelConfig(pipeline_parallel_size=e.pipeline_parallel_size),
     )
     # vLLM resolves `async_scheduling` (None: its default) in VllmConfig, and then CpuPlatform.
     # check_and_update_config turns it off on a CPU host (platforms/cpu.py: "not required on CPU").
     # The scheduler under test is the one a CUDA host runs, so the mode is set here, after both:
     # the Scheduler reads it (max_concurrent_batches: deferred block frees, in-flight token bound).
-    vc.scheduler_config.async_scheduling = (default_async_scheduling(vc) if e.async_scheduling is None
-                                            else e.async_scheduling)
+    vc.scheduler_config.async_scheduling = (default_async_scheduling(vc, e.runner or default_runner(vc))
+                                            if e.async_scheduling is None else e.async_scheduling)
     _VLLM_CONFIGS[key] = vc
     while len(_VLLM_CONFIGS) > MAX_CACHED_CONFIGS:  # a long run draws endless distinct configs
         _VLLM_CONFIGS.pop(next(iter(_VLLM_CONFIGS)))
@@ -183,12 +187,12 @@ def default_runner(vc: VllmConfig) -> str:
     return runners.picked_by_vllm(not vc._get_v2_model_runner_unsupported_features()).name
 
 
-def default_async_scheduling(vc: VllmConfig) -> bool:
+def default_async_scheduling(vc: VllmConfig, runner: str) -> bool:
     """What vLLM 0.32 sets `async_scheduling` to when it is left unset, on a CUDA host: the
     `async_scheduling is None` branch of `VllmConfig.__post_init__` (config/vllm.py), mirrored because
     the CPU platform overrides it. On: unless a pooling model (never here), a drafter outside EAGLE/MTP
     (vLLM's own `EagleModelTypes`), a padded-drafter opt-out, an executor without support (uniproc and
-    multiprocessing support it), or V1 with pipeline parallelism (pipeline size 1 here)."""
+    multiprocessing support it), or `runner` V1 with pipeline parallelism."""
     spec = vc.speculative_config
     if spec is not None:
         try:
@@ -198,7 +202,7 @@ def default_async_scheduling(vc: VllmConfig) -> bool:
             eagle_like = {"mtp"}
         if spec.method not in eagle_like or getattr(spec, "disable_padded_drafter_batch", False):
             return False
-    return vc.parallel_config.pipeline_parallel_size <= 1
+    return vc.parallel_config.pipeline_parallel_size <= 1 or runners.get(runner).use_v2_model_runner
 
 
 def _literal_values(alias: object) -> Iterator[str]:

@@ -5,14 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from mambafuzz.search.startup import prepare_process
-
-prepare_process(conform=True)  # this process's start-up step: Triton's CPU shim, before the conformance tier is imported
-
-from mambafuzz.conform import compare as conform_check  # noqa: E402
-from mambafuzz.model import runners as model_runners  # noqa: E402
-from mambafuzz.sim.kernel_model import KernelModel  # noqa: E402
-from mambafuzz.store.corpus import load_case  # noqa: E402
+from mambafuzz.conform import compare as conform_check
+from mambafuzz.model import runners as model_runners
+from mambafuzz.sim.kernel_model import KernelModel
+from mambafuzz.store.corpus import load_case
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "corpus" / "upstream"
 V1_SKIP = UPSTREAM / "v1_unscheduled_step_forgets_accepted_tokens" / "v1_unscheduled_step_forgets_accepted_tokens.json"

@@ -9,14 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mambafuzz.search.startup import prepare_process
-
-prepare_process(conform=True)  # this process's start-up step: Triton's CPU shim, before the conformance tier is imported
-
-from mambafuzz.cli.main import main  # noqa: E402
-from mambafuzz.conform import target as conform_target  # noqa: E402
-from mambafuzz.sim.kernel_model import KernelModel  # noqa: E402
-from mambafuzz.store.corpus import load_case  # noqa: E402
+from mambafuzz.cli.main import main
+from mambafuzz.conform import target as conform_target
+from mambafuzz.sim.kernel_model import KernelModel
+from mambafuzz.store.corpus import load_case
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "corpus" / "seeds" / "shared_prefix_block_hits.json"

@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from mambafuzz.search.startup import prepare_process
-
-prepare_process(conform=True)  # this process's start-up step: Triton's CPU shim, before the conformance tier is imported
-
-from mambafuzz.conform.rows import DECODE, PREFILL, SPEC_DECODE, RowInput, RowPlan, StepInput, Write  # noqa: E402
-from mambafuzz.conform.v1 import V1Worker  # noqa: E402
-from mambafuzz.conform.v2 import V2Worker  # noqa: E402
-from mambafuzz.model.scenario import EngineConfig  # noqa: E402
-from mambafuzz.sim import vllm_bridge as vb  # noqa: E402
+from mambafuzz.conform.rows import DECODE, PREFILL, SPEC_DECODE, RowInput, RowPlan, StepInput, Write
+from mambafuzz.conform.v1 import V1Worker
+from mambafuzz.conform.v2 import V2Worker
+from mambafuzz.model.scenario import EngineConfig
+from mambafuzz.sim import vllm_bridge as vb
 
 MAMBA_BLOCK_SIZE = 64
 NUM_BLOCKS = 64

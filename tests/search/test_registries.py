@@ -20,7 +20,6 @@ from mambafuzz.model.runners import Runner, UnknownRunner
 from mambafuzz.model.scenario import validate, with_runner
 from mambafuzz.search import generators
 from mambafuzz.search.generators import Generator, Launch, UnknownGenerator
-from mambafuzz.search.startup import prepare_process
 from mambafuzz.search.worker_protocol import WorkerConfig
 from tests.conftest import first_chunk_scenario
 
@@ -104,7 +103,6 @@ def test_vllms_pick_maps_back_through_the_registry(monkeypatch):
 
 
 def test_a_runner_without_rules_or_a_conformance_worker_is_a_one_line_error(monkeypatch):
-    prepare_process(conform=True)  # the conformance tier needs its start-up step
     from mambafuzz.conform import drive
     from mambafuzz.sim.runners import runner_rules
 
@@ -119,7 +117,6 @@ def test_a_runner_without_rules_or_a_conformance_worker_is_a_one_line_error(monk
 
 
 def test_every_registered_runner_has_rules_and_a_conformance_worker():
-    prepare_process(conform=True)
     from mambafuzz.conform.drive import WORKERS
     from mambafuzz.sim.runners import RULES
 

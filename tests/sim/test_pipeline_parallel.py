@@ -1,0 +1,107 @@
+"""Pipeline-parallel stages under async scheduling (engine.pipeline_parallel_size): the batch queue
+is vLLM's `max_concurrent_batches` deep, the AsyncScheduler staggers a request's decodes, and the
+worker takes back the drafts of every batch still in flight."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from mambafuzz.checks.pipeline import evaluate
+from mambafuzz.model.generate import random_scenario
+from mambafuzz.model.scenario import (
+    EngineConfig,
+    RequestSpec,
+    Scenario,
+    ScenarioError,
+    validate,
+    with_runner,
+    with_scheduling,
+)
+from mambafuzz.sim import harness
+from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.sim.engine_core import Batch, BatchQueue
+
+
+def pipelined(stages: int, **kw) -> Scenario:
+    engine = EngineConfig(mamba_block_size=64, attn_block_size=64, max_num_batched_tokens=256, spec_method="mtp",
+                          num_speculative_tokens=2, pipeline_parallel_size=stages, **kw)
+    return Scenario(engine, prefixes=[150],
+                    requests=[RequestSpec(0, [0], 30, 12), RequestSpec(2, [0], 50, 10), RequestSpec(9, [0], 5, 6)],
+                    acceptance=[2, 0, 1], token_seed=7)
+
+
+def decode_steps(trace, rid: str) -> list[int]:
+    return [rec.step for rec in trace.steps for c in rec.chunks if c.request_id == rid and c.num_drafts]
+
+
+def test_stages_are_modelled_only_on_v2_under_async_scheduling():
+    assert validate(pipelined(2)) == [] and validate(pipelined(2, runner="v2", async_scheduling=True)) == []
+    assert any("only on Model Runner V2" in p for p in validate(pipelined(2, runner="v1")))
+    assert any("needs async scheduling" in p for p in validate(pipelined(2, async_scheduling=False)))
+    with pytest.raises(ScenarioError, match="only on Model Runner V2"):
+        with_runner(pipelined(2), "v1")  # an override cannot make it a config that is not modelled
+    with pytest.raises(ScenarioError, match="needs async scheduling"):
+        with_scheduling(pipelined(2), "sync")
+
+
+def test_the_queue_is_stages_plus_one_deep_as_vllm_says_for_v2():
+    for stages in (1, 2, 4):
+        s = pipelined(stages)
+        session = vb.SchedulerSession(s.engine, 512, s.max_model_len(), None)
+        assert session.batch_queue_depth == stages + 1 and session.runner == "v2"
+        assert session.scheduler.use_pp == (stages > 1)
+
+
+def test_the_async_scheduler_staggers_a_requests_decodes_by_the_stage_count():
+    for stages in (1, 2, 3):
+        trace = harness.run(pipelined(stages))
+        steps = decode_steps(trace, "r0")
+        assert len(steps) > 3
+        assert min(b - a for a, b in zip(steps, steps[1:])) == stages, (stages, steps)
+
+
+def test_pipelined_spec_decode_with_rejected_drafts_is_clean_on_unmodified_vllm():
+    for stages in (2, 3, 4):
+        ev = evaluate(pipelined(stages, runner="v2"))
+        assert ev.verdict.clean, (stages, ev.verdict.primary)
+        assert ev.trace.batch_queue_depth == stages + 1
+        assert max(b.in_flight for b in ev.trace.batches.values()) == stages + 1
+
+
+def test_the_worker_takes_back_the_rejected_drafts_of_every_batch_in_flight():
+    """Two unapplied batches held the request (a decode staggered by one stage, say): the scheduler
+    counted both batches' drafts as accepted, so the worker takes back both counts."""
+    queue = BatchQueue(3)
+    out = SimpleNamespace(preempted_req_ids=set(), scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()))
+    older, newer = Batch(0, out, rejected={"r0": 2}), Batch(1, out, rejected={"r0": 1, "r1": 2})
+    queue.in_flight.extendleft([older, newer])
+    session = SimpleNamespace(preempted=lambda o: set())
+    assert queue.worker_corrections(session, out) == {"r0": 3, "r1": 2}
+    queue.in_flight.pop()  # the older batch was applied: the scheduler has rolled its drafts back
+    assert queue.worker_corrections(session, out) == {"r0": 1, "r1": 2}
+    dropped = SimpleNamespace(preempted_req_ids={"r1"}, scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()))
+    assert queue.worker_corrections(SimpleNamespace(preempted=lambda o: {"r1"}), dropped) == {"r0": 1}
+
+
+def test_the_generator_draws_stages_only_where_they_are_modelled():
+    rng = random.Random(5)
+    drawn = [random_scenario(rng) for _ in range(400)]
+    staged = [s for s in drawn if s.engine.pipeline_parallel_size > 1]
+    assert 20 <= len(staged) <= 100
+    assert all(s.engine.async_scheduling is not False and validate(s) == [] for s in staged)
+    assert {s.engine.pipeline_parallel_size for s in staged} == {2, 3, 4}
+
+
+def test_the_trace_names_the_queue_depth_and_the_engine_tier_refuses_stages():
+    from mambafuzz.engine_tier import engines
+    from mambafuzz.store.report import step_table
+
+    trace = harness.run(pipelined(2))
+    assert "3 batches in flight" in step_table(trace)
+    assert "pipeline_parallel_size 2" in engines.unsupported(pipelined(2))
+    one_stage = dataclasses.replace(pipelined(2), engine=dataclasses.replace(pipelined(2).engine, pipeline_parallel_size=1))
+    assert "pipeline" not in (engines.unsupported(one_stage) or "")
