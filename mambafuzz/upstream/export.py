@@ -171,8 +171,10 @@ def _hybrid_source(case: Case, s, sig: str, check: str, title: str, name: str) -
     args = [f"{k}={v}" for k, v in kwargs.items() if v != defaults[k]]
     if admission:
         args.append(f"use_kv_connector=mock_kv(matched_tokens={max(external)}, is_async=False)")
-    fields["kwargs"] = "\n        ".join(textwrap.wrap(", ".join(args) + ",", 88 - 8, break_long_words=False,
-                                                         break_on_hyphens=False))
+    indent = " " * len("    scheduler = create_scheduler(")  # the arguments line up under the first
+    fields["kwargs"] = ("\n" + indent).join(textwrap.wrap(", ".join(args), 100 - len(indent),
+                                                         initial_indent=" " * 31, break_long_words=False,
+                                                         break_on_hyphens=False)).lstrip()
     if admission:
         lens = {s.prompt_len(i) for i in range(len(ids))}
         if (len(lens) > 1 or len(external) > 1 or not max(external) or any(r.external_async for r in s.requests)
@@ -180,7 +182,8 @@ def _hybrid_source(case: Case, s, sig: str, check: str, title: str, name: str) -
             raise ExportError(why + "the short admission test admits requests of one prompt length with one sync "
                               "connector token count, distinct prompts, all at step 0 (use --style standalone)")
         return ADMISSION_TEMPLATE.format(
-            why=WHY["no_crash_admission"], imports=HYBRID_IMPORTS, extra_helpers=", mock_kv", num_requests=len(ids),
+            why=WHY["no_crash_admission"], imports=HYBRID_IMPORTS, extra_helpers=", mock_kv", constants="",
+            num_requests=len(ids),
             prompt_len=lens.pop(), external=max(external), **fields)
     if max(external):
         raise ExportError(why + "vLLM's mock_kv connector is no SupportsHMA connector: a request that finishes with "
@@ -198,7 +201,7 @@ def _hybrid_source(case: Case, s, sig: str, check: str, title: str, name: str) -
                                   "create_requests' prompts would share more (use --style standalone)")
     return SLOT_HASH_TEMPLATE.format(
         why=WHY[check], imports=SLOT_HASH_IMPORTS, extra_helpers="",
-        requests={rid: (r.arrival_step, s.prompt_len(i), r.max_tokens) for i, (rid, r) in enumerate(zip(ids, s.requests))},
+        constants=f"REQUESTS = {({rid: (r.arrival_step, s.prompt_len(i), r.max_tokens) for i, (rid, r) in enumerate(zip(ids, s.requests))})!r}  # id -> (arrival step, prompt length, max tokens)\n",
         **fields)
 
 
@@ -264,6 +267,32 @@ def _split_status(body: str) -> tuple[str, str]:
     return (m.group(1).strip(), body[:m.start()] + body[m.end():]) if m else ("", body)
 
 
+def _collapsed(summary: str, text: str) -> str:
+    """A GitHub <details> block: the evidence a maintainer opens when the screen above convinced them."""
+    return f"<details><summary>{summary}</summary>\n\n{text.strip()}\n\n</details>\n"
+
+
+def _lead(status: str) -> str:
+    """The tracker status's verdict: its leading bold sentence (the status sections open with one)."""
+    m = re.match(r"\s*\*\*(.+?)\*\*", status, flags=re.S)
+    return " ".join(m.group(1).split()) if m else ""
+
+
+def _summary(reproducer: str, body: str) -> str:
+    """What goes wrong, in a few lines: the exported test's own explanation (its docstring after the
+    title), else the analysis's first paragraph of prose."""
+    doc = re.search(r'^"""(.*?)"""', reproducer, flags=re.M | re.S)
+    if doc:
+        lines = [ln for ln in doc.group(1).strip().splitlines()[1:] if ln.strip() and not ln.startswith("Exported by")]
+        if lines:
+            return " ".join(" ".join(lines).split())
+    for para in re.split(r"\n\s*\n", body):
+        para = para.strip()
+        if para and not para.startswith(("#", "```", "|", "-")):
+            return " ".join(para.split())
+    return "(no analysis on file)"
+
+
 def report_text(case: Case, cost_rows: int = 30) -> str:
     """The issue text for `case`: what happens, a minimal repro, the evidence, the candidate
     fix and its cost table."""
@@ -284,28 +313,32 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
         reproducer, style = test_source(case, title), "standalone"
     from mambafuzz.sim.vllm_compat.about import vllm_version  # the version a finding records
 
+    # What a maintainer sees on one screen: vLLM's bug template (environment, the bug), the short test,
+    # expected against actual. The evidence (tracker search, mechanism, fix, cost) follows collapsed.
     parts = [f"# [Bug]: {title or case.path.stem}", "", "## Your current environment", "",
              f"vLLM {vllm_version()} (also checked: the 0.33.0 release tree), Python 3.11, scheduler and "
              "KV-cache manager driven on CPU; "
              + (f"{model_runners.get(runner).title}." if runner else "both model runners unless said otherwise."), "",
-             "## Related issues and PRs", "", related.strip() or "(none found)", "",
-             "## Describe the bug", "", body.strip() or "(no analysis on file)", "",
+             "## Describe the bug", "", _summary(reproducer, body), "",
+             f"Related upstream: {_lead(related) or '(none found)'} (details below)", "",
              "## Minimal reproducer", "",
              f"`mambafuzz export-test --style {style} {case.path} -o FILE` writes it; it fails on the unmodified "
              "vLLM and passes with the candidate fix:", "",
              "```python", reproducer.rstrip(), "```", "",
-             "The full scenario replays with `mambafuzz repro FILE --trace` (every chunk, slot write and newly "
-             "hashed block).", "",
              "## Expected and actual", "", f"- signature `{sig}`" + (f" (Model Runner {runner.upper()})" if runner else "")]
     parts += [f"- `{f.kind}`: {f.message}" for f in before.findings]
     if directory is not None:
         patches = patching.load_patches(str(directory / "fix.py"))
         after = evaluate(case.scenario, "fixed", efficiency=False, patches=patches, runner=runner).verdict
-        parts += [f"- with the candidate fix: {'clean' if after.clean else after.primary.message}", "",
-                  "## Candidate fix", "", "Applied to the installed vLLM by mambafuzz (`--patch`); as a change to "
-                  "vLLM it is the edit or wrap below.", "", "```python", (directory / "fix.py").read_text().rstrip(),
-                  "```", "", "## Cost of the fix", "",
-                  _recorded_cost(directory) or
-                  "vLLM with and without the fix (forward steps, hashed snapshots, prefix-hit tokens summed; "
-                  "`worse` counts scenarios made worse; crashed runs excluded):\n\n" + cost_table(patches, cost_rows)]
+        parts += [f"- with the candidate fix: {'clean' if after.clean else after.primary.message}"]
+    parts += ["", "## Evidence", "", _collapsed("Related issues and PRs; status on vLLM main", related.strip() or "(none found)"),
+              _collapsed("The mechanism in vLLM's code (the full analysis; replay any case with `mambafuzz repro "
+                         "FILE --trace`)", body.strip() or "(no analysis on file)")]
+    if directory is not None:
+        parts += [_collapsed("Candidate fix", "Applied to the installed vLLM by mambafuzz (`--patch`); as a change to "
+                             "vLLM it is the edit or wrap below.\n\n```python\n" + (directory / "fix.py").read_text().rstrip()
+                             + "\n```"),
+                  _collapsed("Cost of the fix", _recorded_cost(directory) or
+                             "vLLM with and without the fix (forward steps, hashed snapshots, prefix-hit tokens summed; "
+                             "`worse` counts scenarios made worse; crashed runs excluded):\n\n" + cost_table(patches, cost_rows))]
     return "\n".join(parts) + "\n"

@@ -94,7 +94,7 @@ pytestmark = pytest.mark.cpu_test
 MAMBA_BLOCK_SIZE = {block_size}  # create_scheduler's attention block has the same size
 HASH_BLOCK_SIZE = {hash_block_size}  # prefix_match_unit
 CHECKPOINT_ALIGNMENT = {alignment}  # MambaSpec.prefill_checkpoint_alignment (Mamba2 mixers)
-
+{constants}
 
 def hybrid_scheduler(vllm_config, kv_cache_config, **kwargs):  # {groups_doc}, align mode
     vllm_config.cache_config.mamba_cache_mode = "align"{retention}
@@ -106,10 +106,8 @@ def hybrid_scheduler(vllm_config, kv_cache_config, **kwargs):  # {groups_doc}, a
                      hash_block_size=HASH_BLOCK_SIZE, **kwargs)
 '''
 
-HYBRID_SCHEDULER = r"""    scheduler = create_scheduler(
-        block_size=MAMBA_BLOCK_SIZE, enable_prefix_caching=True, scheduler_cls=hybrid_scheduler,
-        {kwargs}
-    )
+HYBRID_SCHEDULER = r"""    scheduler = create_scheduler(block_size=MAMBA_BLOCK_SIZE, enable_prefix_caching=True,
+                                 scheduler_cls=hybrid_scheduler, {kwargs})
 """
 
 # The hashed slot's state: a mamba block hashed as a whole block holds the state after its last
@@ -117,18 +115,14 @@ HYBRID_SCHEDULER = r"""    scheduler = create_scheduler(
 # (vLLM's own rule for it); partial-tail entries are not checked.
 SLOT_HASH_TEMPLATE = HYBRID_HEAD + r"""
 
-REQUESTS = {requests!r}  # id -> (arrival step, prompt length, max tokens)
-
-
 def test_{test_name}():
 """ + HYBRID_SCHEDULER + r"""    mamba = scheduler.kv_cache_manager.coordinator.single_type_managers[1]
-    requests, state_at = {{}}, {{}}  # mamba block id -> offset of the state written there
+    requests = {{r: create_requests(1, n, max_tokens=m, block_size=HASH_BLOCK_SIZE, req_ids=[r])[0]
+                for r, (_, n, m) in REQUESTS.items()}}
+    state_at = {{}}  # mamba block id -> offset of the state written there
     for step in range({max_steps}):
-        for req_id, (arrival, prompt_len, max_tokens) in REQUESTS.items():
-            if arrival == step:
-                (requests[req_id],) = create_requests(1, prompt_len, max_tokens=max_tokens,
-                                                      block_size=HASH_BLOCK_SIZE, req_ids=[req_id])
-                scheduler.add_request(requests[req_id])
+        for req_id in [r for r, (arrival, _, _) in REQUESTS.items() if arrival == step]:
+            scheduler.add_request(requests[req_id])
         output = scheduler.schedule()
         for req_id, n in output.num_scheduled_tokens.items():  # where the kernels write states
             blocks, end = mamba.req_to_blocks[req_id], requests[req_id].num_computed_tokens
@@ -147,7 +141,6 @@ def test_{test_name}():
         done = [[0] if requests[r].num_computed_tokens >= requests[r].num_tokens else [] for r in ids]
         scheduler.update_from_output(output, ModelRunnerOutput(
             req_ids=ids, req_id_to_index={{r: i for i, r in enumerate(ids)}}, sampled_token_ids=done))
-    assert not scheduler.has_unfinished_requests()
 """
 
 # The admitted blocks: a request the pool cannot hold yet must wait; schedule() must not raise.
@@ -164,9 +157,8 @@ def test_{test_name}():
 """
 
 WHY["published_state_written"] = (
-    "A prefill resuming mid-block with an internal prefill checkpoint (Mamba2's MambaSpec.\n"
-    "num_prefill_checkpoint_blocks) crosses a block boundary in one chunk: the kernels write only the\n"
-    "chunk end and the checkpoint, yet the resume slot is hashed as the boundary state.\n")
+    "A prefill resuming mid-block under an internal checkpoint (Mamba2) crosses a block boundary in one\n"
+    "chunk: the kernels write its end and the checkpoint, yet the resume slot is hashed as the boundary.\n")
 WHY["no_crash_admission"] = (
     "With KV-connector tokens the align-mode admission estimate is capped at physical_block_cap, but\n"
     "allocate_external_computed_blocks takes one more block per mamba group outside the cap: near a\n"

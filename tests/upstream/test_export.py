@@ -145,8 +145,9 @@ def test_vllm_style_exports_fail_without_and_pass_with_their_fix(tmp_path):
 
 # ISSUE.md (export-report) in vLLM's bug-report layout: the template's two sections in its order
 # (environment, then the bug), this project's sections after them, the short test inline.
-REPORT_SECTIONS = ["## Your current environment", "## Related issues and PRs", "## Describe the bug",
-                   "## Minimal reproducer", "## Expected and actual", "## Candidate fix", "## Cost of the fix"]
+REPORT_SECTIONS = ["## Your current environment", "## Describe the bug", "## Minimal reproducer",
+                   "## Expected and actual", "## Evidence"]
+SCREEN_LINES = 100  # everything before the collapsed evidence: one screen, the short test included
 
 
 @pytest.mark.parametrize("stem", ["spec_pad_clipped_by_long_prefill_threshold",  # a --style vllm test
@@ -165,3 +166,8 @@ def test_report_follows_vllms_bug_template_with_the_short_test_inline(stem):
     assert f"```python\n{test.rstrip()}\n```" in reproducer
     assert f"export-test --style {style} " in reproducer
     assert (style == "vllm") == (stem != "connector_admission_estimate_short_per_mamba_group")
+    shown, evidence = text.split("## Evidence\n", 1)
+    if style == "vllm":  # the standalone test is longer than a screen; the short one is not
+        assert len(shown.splitlines()) <= SCREEN_LINES, len(shown.splitlines())
+    assert "Related upstream: " in shown and "Candidate fix</summary>" in evidence
+    assert evidence.count("<details>") == evidence.count("</details>") == 4
