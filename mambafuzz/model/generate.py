@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from typing import Protocol
 
+from mambafuzz.model.architectures import ARCHITECTURES, DEFAULT_MODEL
 from mambafuzz.model.scenario import (
     EngineConfig,
     Knob,
@@ -152,7 +153,7 @@ DRAWN_HERE = frozenset({
     "mamba_block_size", "attn_block_size", "prefix_match_unit", "max_num_batched_tokens",
     "long_prefill_token_threshold", "max_num_seqs", "spec_method", "num_speculative_tokens",
     "num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment", "enable_mamba_shared_prefix_checkpoint",
-    "prefix_cache_retention_interval", "num_gpu_blocks", "async_scheduling",
+    "prefix_cache_retention_interval", "num_gpu_blocks", "async_scheduling", "model",
 })
 
 
@@ -209,7 +210,23 @@ def draw_scenario(src: Source) -> Scenario:
     for req in requests:
         if req.abort_step is not None:
             req.abort_in_flight = src.bool()
+    # Drawn after everything else, so an input recorded before the knob decodes to the same fields
+    # (plus a model): the tiny default half of the time, otherwise an architecture the config suits.
+    engine.model = draw_model(src, engine)
+    if engine.model != DEFAULT_MODEL and engine.num_gpu_blocks is not None:  # a model with more mamba groups holds more blocks per request
+        engine.num_gpu_blocks = max(engine.num_gpu_blocks, min_pool_blocks(scenario))
     return scenario
+
+
+def draw_model(src: Source, engine: EngineConfig) -> str:
+    """`engine.model`: the default half of the time, else one of the registered architectures the drawn
+    config can run on (MTP needs drafter layers; prefill checkpoints need a Mamba2 mixer)."""
+    if src.bool():
+        return DEFAULT_MODEL
+    fits = [a.name for a in ARCHITECTURES.values() if a.name != DEFAULT_MODEL
+            and (a.mtp_layers or engine.spec_method == "none")
+            and (a.mixer == "mamba2" or not engine.num_prefill_checkpoint_blocks)]
+    return _pick(src, fits) if fits else DEFAULT_MODEL
 
 
 def scenario_from_bytes(data: bytes) -> Scenario:

@@ -174,6 +174,7 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
         trace.crash = _crash_or_tool_error(exc, -1)
         return trace
     trace.runner = session.runner
+    trace.model = session.model_description
     trace.async_scheduling, trace.batch_queue_depth = session.async_scheduling, session.batch_queue_depth
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     runner = _Runner(scenario, plan, session, trace, prefix_caching, time.monotonic() + timeout)

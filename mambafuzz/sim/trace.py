@@ -118,6 +118,7 @@ class Trace:
     batches: dict[int, BatchEvent] = field(default_factory=dict)  # step -> its batch-queue events (async)
     in_flight_aborts: set[tuple[int, str]] = field(default_factory=set)  # (step, request) taken before an update
     mixer: str = ""  # the mixer family ("gdn" | "mamba2")
+    model: str = ""  # engine.model and vLLM's KV-cache groups for it (mambafuzz.sim.architectures.describe)
     spec_rows: set[tuple[int, str]] = field(default_factory=set)  # (step, request) run on the spec kernel
     # (step, request) of the first row after V1 reset the request's accepted-token count
     after_accepted_reset: set[tuple[int, str]] = field(default_factory=set)
