@@ -14,6 +14,7 @@ any particular bug.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Protocol
 
@@ -212,20 +213,23 @@ def draw_scenario(src: Source) -> Scenario:
             req.abort_in_flight = src.bool()
     # Drawn after everything else, so an input recorded before the knob decodes to the same fields
     # (plus a model): the tiny default half of the time, otherwise an architecture the config suits.
-    engine.model = draw_model(src, engine)
-    if engine.model != DEFAULT_MODEL and engine.num_gpu_blocks is not None:  # a model with more mamba groups holds more blocks per request
-        engine.num_gpu_blocks = max(engine.num_gpu_blocks, min_pool_blocks(scenario))
+    # Only the model changes: with it set back to the default the scenario is the one drawn before the knob.
+    engine.model = draw_model(src, scenario)
     return scenario
 
 
-def draw_model(src: Source, engine: EngineConfig) -> str:
+def draw_model(src: Source, scenario: Scenario) -> str:
     """`engine.model`: the default half of the time, else one of the registered architectures the drawn
-    config can run on (MTP needs drafter layers; prefill checkpoints need a Mamba2 mixer)."""
+    config can run on (MTP needs drafter layers; prefill checkpoints need a Mamba2 mixer; a drawn pool must
+    hold the longest request with the model's mamba groups)."""
     if src.bool():
         return DEFAULT_MODEL
+    engine = scenario.engine
     fits = [a.name for a in ARCHITECTURES.values() if a.name != DEFAULT_MODEL
             and (a.mtp_layers or engine.spec_method == "none")
-            and (a.mixer == "mamba2" or not engine.num_prefill_checkpoint_blocks)]
+            and (a.mixer == "mamba2" or not engine.num_prefill_checkpoint_blocks)
+            and (engine.num_gpu_blocks is None or engine.num_gpu_blocks >= min_pool_blocks(
+                dataclasses.replace(scenario, engine=dataclasses.replace(engine, model=a.name))))]
     return _pick(src, fits) if fits else DEFAULT_MODEL
 
 
