@@ -8,8 +8,15 @@ import pytest
 
 from mambafuzz.model import architectures as arch
 from mambafuzz.model import generate
-from mambafuzz.model.scenario import (EngineConfig, RequestSpec, Scenario, ScenarioError, blocks_for_request, loads,
-                                      validate)
+from mambafuzz.model.scenario import (
+    EngineConfig,
+    RequestSpec,
+    Scenario,
+    ScenarioError,
+    blocks_for_request,
+    loads,
+    validate,
+)
 from mambafuzz.search import minimizer
 
 
