@@ -109,11 +109,12 @@ def main() -> int:
         return 2
     old = {(r["input"], r["split"]): r for r in before}
     diffs = [f"{r['input']} [{r['split']}]: before {old.get((r['input'], r['split']))}, now {r}"
-             for r in got if old.get((r["input"], r["split"])) != r]
+             for r in got if (r["input"], r["split"]) in old and old[(r["input"], r["split"])] != r]
     missing = len(set(old) - {(r["input"], r["split"]) for r in got})
+    new = sum((r["input"], r["split"]) not in old for r in got)  # inputs added since (new seeds): no before to differ from
     for line in diffs:
         print(line)
-    print(f"trace_digests: {len(got)} evaluations, {len(diffs)} differ, {missing} missing now")
+    print(f"trace_digests: {len(got)} evaluations, {len(diffs)} differ, {missing} missing now, {new} new")
     return 1 if diffs or missing else 0
 
 
