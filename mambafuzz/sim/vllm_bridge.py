@@ -331,8 +331,12 @@ class SchedulerSession:
         self.hash_block_size = hash_block_size
         self.mamba_block_size = engine.mamba_block_size
         managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
-        self.mamba_group = next(i for i, m in enumerate(managers) if isinstance(m, MambaManager))
+        # Every mamba KV-cache group (vLLM's grouping gives an architecture several); the first is the one the
+        # cache audit and the trace follow, the kernel model mirrors them all (mamba_tables).
+        self.mamba_groups = tuple(i for i, m in enumerate(managers) if isinstance(m, MambaManager))
+        self.mamba_group = self.mamba_groups[0]
         self._mamba_manager = managers[self.mamba_group]
+        self._mamba_managers = tuple(managers[i] for i in self.mamba_groups)
         # The block grid a prefill checkpoint aligns to (vLLM >= 0.29 names it; before, the scheduler block).
         self.cache_hit_alignment_tokens: int = getattr(self._mamba_manager, "cache_hit_alignment_tokens", block_size)
         self.block_pool = self.scheduler.kv_cache_manager.block_pool
@@ -419,6 +423,10 @@ class SchedulerSession:
 
     def mamba_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._mamba_manager.req_to_blocks.get(request_id, ())]
+
+    def mamba_tables(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block table in every mamba group, in group order (the first is `mamba_block_ids`)."""
+        return tuple([b.block_id for b in m.req_to_blocks.get(request_id, ())] for m in self._mamba_managers)
 
     def cache_keys_version(self) -> int:
         """A number that changes whenever a key of the mamba group is added to or removed from

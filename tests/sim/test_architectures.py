@@ -89,3 +89,44 @@ def test_harness_runs_the_architecture_and_names_it(name, tmp_path):
     header = step_table(ev.trace).splitlines()[0]
     assert header.startswith(f"model {a.title} ({name}): {a.mamba_groups + 1} KV-cache groups")
     assert f"{a.mamba_groups} mamba" in header and "align-mode block size" in header
+
+
+def _seed_case(name: str):
+    from mambafuzz.store.corpus import load_case
+
+    return load_case(vb.TINY_MODEL_DIR.parent.parent / "corpus/seeds" / name).scenario
+
+
+def test_every_mamba_group_gets_its_own_kernel_model(monkeypatch):
+    from mambafuzz.sim import harness
+
+    built = []
+    real = harness.WorkerMirror
+
+    def spy(models, spec):
+        built.append(len(models))
+        return real(models, spec)
+
+    monkeypatch.setattr(harness, "WorkerMirror", spy)
+    harness.run(_seed_case("granite_4_0_h_chunked_prefill.json"))
+    assert built and set(built) == {registry.get("granite_4_0_h_small").mamba_groups}
+
+
+def test_a_wrong_read_in_another_mamba_group_is_a_finding(monkeypatch):
+    """Group 2's table of r1 swapped for r0's: only that group starts r1 from a state not its own."""
+    from mambafuzz.checks.pipeline import evaluate
+
+    real = vb.SchedulerSession.mamba_tables
+
+    def swapped(self, rid):
+        tables = real(self, rid)
+        other = real(self, "r0" if rid == "r1" else "r1")
+        if rid in ("r0", "r1") and other[0] and tables[0]:
+            return (tables[0], other[1], *tables[2:])
+        return tables
+
+    scenario = _seed_case("nemotron_h_shared_prefix_hits.json")
+    assert evaluate(scenario, "fixed").verdict.clean
+    monkeypatch.setattr(vb.SchedulerSession, "mamba_tables", swapped)
+    verdict = evaluate(scenario, "fixed", differential=False).verdict
+    assert not verdict.clean and "mamba KV-cache group 2" in verdict.findings[0].message
