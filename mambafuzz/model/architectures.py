@@ -50,8 +50,11 @@ class Architecture:
     state_config: Mapping[str, int] = field(default_factory=dict)
     mtp_layers: int = 0  # the drafter's own decoder layers (num_nextn_predict_layers / mtp_num_hidden_layers)
     # mamba KV-cache groups vLLM's uniform-page grouping makes of the layout (with and without the drafter's
-    # layers): declared for the pool sizing at the model layer, checked against vLLM by tests/sim/test_architectures.py
+    # layers): declared for the pool sizing at the model layer, checked against vLLM by tests/sim/test_architecture_specs.py
     mamba_groups: int = 0
+    # the block size vLLM 0.32 runs it with in align mode without spec decode (Platform._align_hybrid_block_size
+    # for its real state; mambafuzz/sim/architectures.py `align_block_size`, checked by the same tests); 0: not known
+    vllm_block_size: int = 0
     sliding_window: int | None = None
 
     def count(self, kind: str) -> int:
@@ -78,12 +81,13 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     # Qwen3-Next-80B-A3B: num_hidden_layers 48, full_attention_interval 4, num_key_value_heads 2, head_dim 256,
     # linear_* as below, num_nextn_predict_layers 1
     Architecture("qwen3_next_80b", "Qwen3-Next-80B-A3B", "Qwen3NextForCausalLM", "gdn", _interval(48, 4),
-                 num_kv_heads=2, head_dim=256, state_config=_QWEN3_NEXT_GDN, mtp_layers=1, mamba_groups=3),
+                 num_kv_heads=2, head_dim=256, state_config=_QWEN3_NEXT_GDN, mtp_layers=1, mamba_groups=3,
+                 vllm_block_size=544),
     # Qwen3.5-397B-A17B (text config): num_hidden_layers 60, full_attention_interval 4, num_key_value_heads 2,
     # head_dim 256, linear_num_value_heads 64, linear_num_key_heads 16, key/value head dim 128, mtp_num_hidden_layers 1
     Architecture("qwen3_5_397b", "Qwen3.5-397B-A17B", "Qwen3_5MoeForCausalLM", "gdn", _interval(60, 4),
                  num_kv_heads=2, head_dim=256, state_config=dict(_QWEN3_NEXT_GDN, linear_num_value_heads=64),
-                 mtp_layers=1, mamba_groups=3),
+                 mtp_layers=1, mamba_groups=3, vllm_block_size=1072),
     # Nemotron-H-8B-Base-8K: hybrid_override_pattern (52 layers: 24 M, 4 *, 24 -), num_key_value_heads 8,
     # head_dim 128 (hidden_size 4096 / 32 heads), mamba_num_heads 128, mamba_head_dim 64, ssm_state_size 128,
     # n_groups 8, conv_kernel 4
@@ -91,7 +95,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
                  _nemotron("M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"),
                  num_kv_heads=8, head_dim=128,
                  state_config=dict(mamba_num_heads=128, mamba_head_dim=64, ssm_state_size=128, n_groups=8,
-                                   conv_kernel=4), mamba_groups=6),
+                                   conv_kernel=4), mamba_groups=6, vllm_block_size=528),
     # granite-4.0-h-small: num_hidden_layers 40, layer_types "attention" at 5, 15, 25, 35 and "mamba" elsewhere,
     # hidden_size 4096, num_attention_heads 32, num_key_value_heads 8, mamba_expand 2, mamba_n_heads 128,
     # mamba_d_head 64, mamba_d_state 128, mamba_n_groups 1, mamba_d_conv 4
@@ -99,14 +103,14 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
                  "".join(ATTENTION if i in (5, 15, 25, 35) else MAMBA for i in range(40)),
                  num_kv_heads=8, head_dim=128,
                  state_config=dict(hidden_size=4096, mamba_expand=2, mamba_n_heads=128, mamba_d_head=64,
-                                   mamba_d_state=128, mamba_n_groups=1, mamba_d_conv=4), mamba_groups=9),
+                                   mamba_d_state=128, mamba_n_groups=1, mamba_d_conv=4), mamba_groups=9, vllm_block_size=528),
     # Falcon-H1-7B: num_hidden_layers 44, every decoder layer runs attention and Mamba2 in parallel
     # (FalconH1ParallelHybrid), hidden_size 3072, num_key_value_heads 2, head_dim 128, mamba_d_ssm 3072,
     # mamba_n_heads 24, mamba_d_head 128, mamba_d_state 256, mamba_n_groups 1, mamba_d_conv 4
     Architecture("falcon_h1_7b", "Falcon-H1-7B", "FalconH1ForCausalLM", "mamba2", PARALLEL * 44,
                  num_kv_heads=2, head_dim=128,
                  state_config=dict(hidden_size=3072, mamba_expand=2, mamba_d_ssm=3072, mamba_n_heads=24,
-                                   mamba_d_head=128, mamba_d_state=256, mamba_n_groups=1, mamba_d_conv=4), mamba_groups=1),
+                                   mamba_d_head=128, mamba_d_state=256, mamba_n_groups=1, mamba_d_conv=4), mamba_groups=1, vllm_block_size=1568),
 )}
 
 MODELS: tuple[str, ...] = tuple(ARCHITECTURES)

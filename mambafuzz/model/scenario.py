@@ -438,6 +438,11 @@ def engine_realism_notes(e: EngineConfig) -> list[str]:
     if e.enable_prefix_caching and e.attn_block_size != e.mamba_block_size:
         notes.append(f"attn_block_size {e.attn_block_size} != mamba_block_size {e.mamba_block_size}: a real align-mode "
                      "engine ties the two (Platform._align_hybrid_block_size); only the scheduler sees this config")
+    need = get_architecture(e.model).vllm_block_size if e.model in MODELS else 0
+    if e.enable_prefix_caching and e.mamba_block_size < need:
+        notes.append(f"mamba_block_size {e.mamba_block_size} < {need}: vLLM raises the block size of {e.model} to at least "
+                     f"{need} tokens so an attention page holds its mamba state (Platform._align_hybrid_block_size); "
+                     "only the scheduler sees this config")
     return notes
 
 

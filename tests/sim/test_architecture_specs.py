@@ -64,6 +64,11 @@ def test_sliding_window_layers_get_their_own_group(monkeypatch):
     assert counts == {"mamba": 6, "sliding_window": 1, "attention": 1}
 
 
+@pytest.mark.parametrize("name", FULL_SIZE)
+def test_declared_block_size_is_the_platform_rules(name):
+    assert registry.get(name).vllm_block_size == arch.align_block_size(name)
+
+
 def test_align_block_size_is_platform_rule():
     # _align_hybrid_block_size: 16 * cdiv(mamba page, 16 * attention page of one token)
     mamba_page = (3 * 10240 + 128 * 64 * 128) * 2  # bf16 conv + ssm state

@@ -104,3 +104,12 @@ def test_minimizer_moves_the_model_to_the_default():
     s = _scenario(model="nemotron_h_8b")
     assert any(c.engine.model == arch.DEFAULT_MODEL and c.engine == dataclasses.replace(s.engine, model=arch.DEFAULT_MODEL)
                for c in minimizer._simplify_engine(s))
+
+
+def test_a_block_below_vllms_block_size_for_the_model_is_a_realism_note():
+    from mambafuzz.model.scenario import engine_realism_notes
+
+    assert any("vLLM raises the block size of nemotron_h_8b to at least 528" in n
+               for n in engine_realism_notes(EngineConfig(model="nemotron_h_8b", mamba_block_size=256, attn_block_size=256)))
+    assert not engine_realism_notes(EngineConfig(model="nemotron_h_8b", mamba_block_size=528, attn_block_size=528))
+    assert not engine_realism_notes(EngineConfig(mamba_block_size=256, attn_block_size=256))
