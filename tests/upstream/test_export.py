@@ -165,3 +165,9 @@ def test_report_follows_vllms_bug_template_with_the_short_test_inline(stem):
     assert f"```python\n{test.rstrip()}\n```" in reproducer
     assert f"export-test --style {style} " in reproducer
     assert (style == "vllm") == (stem != "connector_admission_estimate_short_per_mamba_group")
+
+
+def test_a_case_on_another_model_is_refused_in_one_line():
+    case = corpus.load_case(Path(__file__).resolve().parents[2] / "corpus/seeds/nemotron_h_shared_prefix_hits.json")
+    with pytest.raises(export.ExportError, match=r"^[^\n]*engine.model nemotron_h_8b cannot be exported yet[^\n]*$"):
+        export.test_source(case)
