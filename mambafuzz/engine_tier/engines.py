@@ -36,6 +36,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("MAMBAFUZZ_ENGINE
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from mambafuzz.model.architectures import DEFAULT_MODEL  # noqa: E402
 from mambafuzz.model.scenario import MAMBA_GROUPS, MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, Scenario  # noqa: E402
 
 SPLIT_METHOD = "_mamba_block_aligned_split"
@@ -143,6 +144,9 @@ def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
     prefix_caching=False: only what the uncached engine (mamba cache mode none: no align
     pre-copy, no block-size tie) cannot run; spec decode and small blocks are fine there."""
     e = s.engine
+    if e.model != DEFAULT_MODEL:
+        return (f"engine.model {e.model}: the CPU engine serves the shipped tiny qwen3_next only (no other model's "
+                "config or weights here), so it would run other KV-cache groups than the harness")
     if prefix_caching and e.uses_spec_decode:
         blocked = interpreter_unavailable()
         if blocked is not None:

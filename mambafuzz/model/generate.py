@@ -14,9 +14,11 @@ any particular bug.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Protocol
 
+from mambafuzz.model.architectures import ARCHITECTURES, DEFAULT_MODEL
 from mambafuzz.model.scenario import (
     EngineConfig,
     Knob,
@@ -152,7 +154,7 @@ DRAWN_HERE = frozenset({
     "mamba_block_size", "attn_block_size", "prefix_match_unit", "max_num_batched_tokens",
     "long_prefill_token_threshold", "max_num_seqs", "spec_method", "num_speculative_tokens",
     "num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment", "enable_mamba_shared_prefix_checkpoint",
-    "prefix_cache_retention_interval", "num_gpu_blocks", "async_scheduling",
+    "prefix_cache_retention_interval", "num_gpu_blocks", "async_scheduling", "model",
 })
 
 
@@ -214,7 +216,26 @@ def draw_scenario(src: Source) -> Scenario:
     # pick, and a campaign's --runner v1 makes such a scenario invalid, one line).
     if engine.async_scheduling is not False and src.int(0, 7) == 0:
         engine.pipeline_parallel_size = src.int(2, knobs()["pipeline_parallel_size"].hi)
+    # Drawn after everything else (the stages too), so an input recorded before the knob decodes to the same fields
+    # (plus a model): the tiny default half of the time, otherwise an architecture the config suits.
+    # Only the model changes: with it set back to the default the scenario is the one drawn before the knob.
+    engine.model = draw_model(src, scenario)
     return scenario
+
+
+def draw_model(src: Source, scenario: Scenario) -> str:
+    """`engine.model`: the default half of the time, else one of the registered architectures the drawn
+    config can run on (MTP needs drafter layers; prefill checkpoints need a Mamba2 mixer; a drawn pool must
+    hold the longest request with the model's mamba groups)."""
+    if src.bool():
+        return DEFAULT_MODEL
+    engine = scenario.engine
+    fits = [a.name for a in ARCHITECTURES.values() if a.name != DEFAULT_MODEL
+            and (a.mtp_layers or engine.spec_method == "none")
+            and (a.mixer == "mamba2" or not engine.num_prefill_checkpoint_blocks)
+            and (engine.num_gpu_blocks is None or engine.num_gpu_blocks >= min_pool_blocks(
+                dataclasses.replace(scenario, engine=dataclasses.replace(engine, model=a.name))))]
+    return _pick(src, fits) if fits else DEFAULT_MODEL
 
 
 def scenario_from_bytes(data: bytes) -> Scenario:

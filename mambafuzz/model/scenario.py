@@ -18,6 +18,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from mambafuzz.model.architectures import DEFAULT_MODEL, MODELS
+from mambafuzz.model.architectures import get as get_architecture
 from mambafuzz.model.runners import RUNNERS
 
 FORMAT_NAME = "mambafuzz-scenario"
@@ -122,6 +124,11 @@ class EngineConfig:
     # Modelled only there: vLLM turns async off for V1 with stages > 1, and the synchronous scheduler
     # under a batch queue is not modelled. Drawn by mambafuzz.model.generate after the scheduling mode.
     pipeline_parallel_size: int = knob(1, kind="int", lo=1, hi=4, simplest=1, generate=False)
+    # The hybrid architecture whose KV-cache groups the engine is built with (mambafuzz/model/architectures.py;
+    # specs in mambafuzz/sim/architectures.py). The default is the tiny qwen3_next every scenario ran before
+    # the knob; it is left out of a scenario file's JSON, so old files round-trip unchanged. Drawn last
+    # by the generator (draw_scenario), moved to the default by the minimizer.
+    model: str = knob(DEFAULT_MODEL, kind="choice", choices=MODELS, simplest=DEFAULT_MODEL, generate=False)
 
     def without_prefix_caching(self) -> EngineConfig:
         """The same engine with prefix caching off: the differential's twin."""
@@ -141,6 +148,8 @@ class EngineConfig:
     def mixer(self) -> str:
         """The mixer family the config stands for: only Mamba2-style mixers declare internal
         prefill checkpoints (`MambaMixer2.get_kv_cache_spec`); GDN declares none."""
+        if self.model != DEFAULT_MODEL and self.model in MODELS:
+            return get_architecture(self.model).mixer  # the architecture's own mixer layers
         return "mamba2" if self.num_prefill_checkpoint_blocks else "gdn"
 
 
@@ -219,7 +228,7 @@ class Scenario:
         return {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
-            "engine": dataclasses.asdict(self.engine),
+            "engine": _engine_json(self.engine),
             "prefixes": list(self.prefixes),
             "requests": [dataclasses.asdict(r) for r in self.requests],
             "acceptance": list(self.acceptance),
@@ -228,6 +237,14 @@ class Scenario:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
+
+
+def _engine_json(e: EngineConfig) -> dict[str, Any]:
+    """The engine's fields; `model` only when it is not the default (files written before the knob stay byte-identical)."""
+    out = dataclasses.asdict(e)
+    if out.get("model") == DEFAULT_MODEL:
+        del out["model"]
+    return out
 
 
 @functools.lru_cache(maxsize=128)  # bounded: a long fuzz run sees endless distinct segments
@@ -364,6 +381,11 @@ def validate(s: Scenario) -> list[str]:
         p.append("engine.num_speculative_tokens needs spec_method 'mtp'")
     if e.spec_method != "none" and not e.num_speculative_tokens:
         p.append(f"engine.spec_method {e.spec_method!r} needs num_speculative_tokens >= 1")
+    if e.spec_method != "none" and e.model != DEFAULT_MODEL and not get_architecture(e.model).mtp_layers:
+        p.append(f"engine.spec_method {e.spec_method!r} needs a model with MTP layers; {e.model} ships none")
+    if e.num_prefill_checkpoint_blocks and e.model != DEFAULT_MODEL and get_architecture(e.model).mixer != "mamba2":
+        p.append(f"engine.num_prefill_checkpoint_blocks needs a Mamba2 model: {e.model}'s GDN layers declare no "
+                 "prefill checkpoints (only MambaMixer2.get_kv_cache_spec passes them)")
     if e.num_prefill_checkpoint_blocks and e.prefill_checkpoint_alignment is None:
         p.append("engine.num_prefill_checkpoint_blocks needs prefill_checkpoint_alignment")
     retention = e.prefix_cache_retention_interval
@@ -429,12 +451,18 @@ def engine_realism_notes(e: EngineConfig) -> list[str]:
     if e.enable_prefix_caching and e.attn_block_size != e.mamba_block_size:
         notes.append(f"attn_block_size {e.attn_block_size} != mamba_block_size {e.mamba_block_size}: a real align-mode "
                      "engine ties the two (Platform._align_hybrid_block_size); only the scheduler sees this config")
+    need = get_architecture(e.model).vllm_block_size if e.model in MODELS else 0
+    if e.enable_prefix_caching and e.mamba_block_size < need:
+        notes.append(f"mamba_block_size {e.mamba_block_size} < {need}: vLLM raises the block size of {e.model} to at least "
+                     f"{need} tokens so an attention page holds its mamba state (Platform._align_hybrid_block_size); "
+                     "only the scheduler sees this config")
     return notes
 
 
 # The shipped tiny model has three linear-attention layers beside one attention layer; vLLM's
 # uniform-page grouping gives each its own KV-cache group, so a request holds three mamba block tables.
-MAMBA_GROUPS = 3
+# Another `engine.model` declares its own count (mambafuzz/model/architectures.py `mamba_groups`).
+MAMBA_GROUPS = get_architecture(DEFAULT_MODEL).mamba_groups
 
 
 def blocks_for_request(e: EngineConfig, num_tokens: int) -> int:
@@ -444,7 +472,7 @@ def blocks_for_request(e: EngineConfig, num_tokens: int) -> int:
     # align mode keeps 2 state blocks resident; vLLM's admission check (scheduler_reserve_full_isl)
     # counts one per mamba block of the whole sequence with prefix caching off: take the larger.
     per_group = max(2, -(-num_tokens // e.mamba_block_size)) + e.num_speculative_tokens + e.num_prefill_checkpoint_blocks
-    mamba = MAMBA_GROUPS * per_group
+    mamba = get_architecture(e.model).mamba_groups * per_group
     # + slack for the null block and the allocator's watermark (1% of the pool)
     return attn + mamba + 4 + (attn + mamba) // 50
 

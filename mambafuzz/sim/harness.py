@@ -174,6 +174,7 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
         trace.crash = _crash_or_tool_error(exc, -1)
         return trace
     trace.runner = session.runner
+    trace.model = session.model_description
     trace.async_scheduling, trace.batch_queue_depth = session.async_scheduling, session.batch_queue_depth
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     runner = _Runner(scenario, plan, session, trace, prefix_caching, time.monotonic() + timeout)
@@ -207,7 +208,7 @@ class _Runner:
         e = scenario.engine
         sched = session.scheduler
         self.spec = e.uses_spec_decode
-        self.model = KernelModel(KernelGeometry(
+        geometry = KernelGeometry(
             block_size=e.mamba_block_size,
             hash_block_size=session.hash_block_size,
             checkpoint_alignment=e.prefill_checkpoint_alignment if (prefix_caching and e.num_prefill_checkpoint_blocks) else None,
@@ -218,8 +219,15 @@ class _Runner:
             spec_engine=self.spec,
             num_speculative_tokens=e.num_speculative_tokens,
             align=prefix_caching,
-        ), runner=session.runner, mixer=scenario.engine.mixer, first_use=(session.allocated_blocks, session.reused_blocks))
-        self.mirror = WorkerMirror((self.model,), self.spec)
+        )
+        # One kernel model per mamba KV-cache group: all groups' layers share the pool's blocks, so each
+        # group's table is mirrored; the first group's rows and writes are the trace's (mamba_group_reads
+        # keeps the other groups' wrong reads).
+        models = [KernelModel(geometry, runner=session.runner, mixer=scenario.engine.mixer,
+                              first_use=(session.allocated_blocks, session.reused_blocks))
+                  for _ in session.mamba_groups]
+        self.model = models[0]
+        self.mirror = WorkerMirror(models, self.spec)
         self.plan = plan
         self.book = HashBook(session.hash_block_size)
         self.auditor = BlockAuditor(self.book, self.model, e.mamba_block_size)
@@ -451,7 +459,7 @@ class _Runner:
 
     def _connector_load(self, rec: StepRecord, rid: str, num_tokens: int) -> None:
         state = self.live[rid].truth.at(num_tokens)
-        block = self.mirror.load((self.session.mamba_block_ids(rid),), num_tokens, state)
+        block = self.mirror.load(self.session.mamba_tables(rid), num_tokens, state)
         rec.writes.append(SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
 
     def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int], batch: Batch,
@@ -470,7 +478,7 @@ class _Runner:
             live.known = req.num_tokens
         known = live.known
         end = start + n - num_drafts  # the row's real tokens end here; its drafts follow
-        tables = (self.session.mamba_block_ids(rid),)
+        tables = self.session.mamba_tables(rid)
         check_row(rid, start, n, num_drafts, known, tables[0], self._state_block_size)
         num_prompt = req.num_prompt_tokens
         spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, truth, num_prompt,
@@ -480,8 +488,15 @@ class _Runner:
             self.trace.spec_rows.add((rec.step, rid))
         first = live.first_chunk_pending
         live.first_chunk_pending = False
-        rec.chunks.append(Chunk(rid, start, n, num_drafts, read_column, read_block, read_state, truth.at(start),
+        true_state = truth.at(start)
+        rec.chunks.append(Chunk(rid, start, n, num_drafts, read_column, read_block, read_state, true_state,
                                 first, first and start > 0))
+        if len(tables) > 1:
+            for group, other in enumerate(self.mirror.rest_rows, 1):
+                if other.read_state != true_state:
+                    self.trace.mamba_group_reads.append((rec.step, group, Chunk(
+                        rid, start, n, num_drafts, other.read_column, other.read_block, other.read_state, true_state,
+                        first, first and start > 0)))
         recorded = rec.writes
         for col, block, state, cause in writes:
             recorded.append(SlotWrite(rid, col, block, state, cause))

@@ -27,8 +27,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from mambafuzz.model import runners  # noqa: E402
+from mambafuzz.model.architectures import DEFAULT_MODEL  # noqa: E402
 from mambafuzz.model.scenario import EngineConfig, knobs  # noqa: E402
-from mambafuzz.sim import patching  # noqa: E402
+from mambafuzz.sim import architectures, patching  # noqa: E402
 from mambafuzz.sim.vllm_compat import features  # noqa: E402
 from mambafuzz.sim.vllm_compat.api import (  # noqa: E402
     CacheConfig,
@@ -243,8 +244,14 @@ def _checked_config(e: EngineConfig, max_model_len: int, connector: bool = True)
 
 @lru_cache(maxsize=64)
 def kv_cache_groups_for(attn_block: int, mamba_block: int, caching: bool, spec_blocks: int, checkpoint_blocks: int,
-                     checkpoint_alignment: int | None) -> tuple[KVCacheGroupSpec, ...]:
-    """The KV-cache groups for one geometry, built once (vLLM's grouping deep-copies specs: slow)."""
+                     checkpoint_alignment: int | None, model: str = DEFAULT_MODEL) -> tuple[KVCacheGroupSpec, ...]:
+    """The KV-cache groups for one geometry, built once (vLLM's grouping deep-copies specs: slow). A model
+    other than the tiny default gets its layers' specs from mambafuzz.sim.architectures."""
+    if model != DEFAULT_MODEL:
+        specs = architectures.layer_specs(model, attn_block, mamba_block, caching, spec_blocks, checkpoint_blocks,
+                                          checkpoint_alignment,
+                                          lambda kwargs: features.fit_kwargs(MambaSpec, kwargs, OFF_VALUES, VLLM))
+        return tuple(get_kv_cache_groups_uniform_page_size(specs))
     attn = FullAttentionSpec(block_size=attn_block, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
     mamba_kwargs = dict(block_size=mamba_block, shapes=((1, 1),), dtypes=(torch.float32,),
                         num_speculative_blocks=spec_blocks)
@@ -267,7 +274,7 @@ def kv_cache_config_for(e: EngineConfig, num_blocks: int, max_model_len: int) ->
     mamba_block = e.mamba_block_size if e.enable_prefix_caching else max_model_len
     groups = list(kv_cache_groups_for(e.attn_block_size, mamba_block, e.enable_prefix_caching,
                                    e.num_speculative_tokens if e.uses_spec_decode else 0,
-                                   e.num_prefill_checkpoint_blocks, e.prefill_checkpoint_alignment))
+                                   e.num_prefill_checkpoint_blocks, e.prefill_checkpoint_alignment, e.model))
     # vLLM's KV-cache utilities copy the retention interval from CacheConfig into KVCacheConfig, and the
     # coordinator reads it only from there: without it every run would use dense retention.
     return KVCacheConfig(**features.fit_kwargs(KVCacheConfig, dict(
@@ -316,6 +323,9 @@ class SchedulerSession:
         )
         if split is not None:  # wrapped by any active fix of the split (mambafuzz.sim.patching)
             setattr(self.scheduler, SPLIT_METHOD, types.MethodType(patching.wrap_split(split), self.scheduler))
+        self.kv_cache_groups = tuple(kv_cache_config.kv_cache_groups)
+        self.model_description = architectures.describe(engine.model, self.kv_cache_groups, engine.num_speculative_tokens
+                                                        if engine.uses_spec_decode else 0)
         self.runner = engine.runner or default_runner(vc)
         # The scheduler reads the flag at start-up; it changes only how SchedulerOutput hands
         # resumed requests to the worker (as new requests under V2), not what is scheduled.
@@ -325,8 +335,12 @@ class SchedulerSession:
         self.hash_block_size = hash_block_size
         self.mamba_block_size = engine.mamba_block_size
         managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
-        self.mamba_group = next(i for i, m in enumerate(managers) if isinstance(m, MambaManager))
+        # Every mamba KV-cache group (vLLM's grouping gives an architecture several); the first is the one the
+        # cache audit and the trace follow, the kernel model mirrors them all (mamba_tables).
+        self.mamba_groups = tuple(i for i, m in enumerate(managers) if isinstance(m, MambaManager))
+        self.mamba_group = self.mamba_groups[0]
         self._mamba_manager = managers[self.mamba_group]
+        self._mamba_managers = tuple(managers[i] for i in self.mamba_groups)
         # The block grid a prefill checkpoint aligns to (vLLM >= 0.29 names it; before, the scheduler block).
         self.cache_hit_alignment_tokens: int = getattr(self._mamba_manager, "cache_hit_alignment_tokens", block_size)
         self.block_pool = self.scheduler.kv_cache_manager.block_pool
@@ -413,6 +427,10 @@ class SchedulerSession:
 
     def mamba_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._mamba_manager.req_to_blocks.get(request_id, ())]
+
+    def mamba_tables(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block table in every mamba group, in group order (the first is `mamba_block_ids`)."""
+        return tuple([b.block_id for b in m.req_to_blocks.get(request_id, ())] for m in self._mamba_managers)
 
     def cache_keys_version(self) -> int:
         """A number that changes whenever a key of the mamba group is added to or removed from

@@ -61,13 +61,14 @@ class WorkerMirror:
     count (spec decode) and `load` for asynchronous loads that finished.  `tables` arguments
     hold the request's block table of each model's group, in model order."""
 
-    __slots__ = ("models", "first", "rest", "spec")
+    __slots__ = ("models", "first", "rest", "spec", "rest_rows")
 
     def __init__(self, models: Sequence[KernelModel], spec_engine: bool):
         self.models = tuple(models)
         self.first = self.models[0]
         self.rest = self.models[1:]
         self.spec = spec_engine
+        self.rest_rows: list[RowResult] = []  # the other models' results of the last run_row, in model order
 
     def before_forward(self, out: Any) -> Sequence[tuple[int, State]]:
         """Apply what precedes the forward; returns (dst, state the first model holds right after
@@ -114,9 +115,10 @@ class WorkerMirror:
             tokens += drafts
         spec = self.spec
         if self.rest:
-            for model, table in zip(self.rest, tables[1:]):
-                model.run_row(rid, table, start, tokens, num_drafts,
-                              spec and model.is_spec_row(start, n, num_drafts, num_prompt_tokens, prefill_len), truth)
+            self.rest_rows = [model.run_row(rid, table, start, tokens, num_drafts,
+                                            spec and model.is_spec_row(start, n, num_drafts, num_prompt_tokens,
+                                                                       prefill_len), truth)
+                              for model, table in zip(self.rest, tables[1:])]
         first = self.first
         spec_row = spec and first.is_spec_row(start, n, num_drafts, num_prompt_tokens, prefill_len)
         return spec_row, first.run_row(rid, tables[0], start, tokens, num_drafts, spec_row, truth)

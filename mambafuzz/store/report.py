@@ -29,7 +29,8 @@ def step_table(trace: Trace) -> str:
     """One block per step: arrivals/admissions, each chunk, slot writes, newly hashed blocks."""
     mode = (f"AsyncScheduler, {trace.batch_queue_depth} batches in flight" if trace.async_scheduling
             else "Scheduler, one batch at a time")
-    lines = [f"model runner {trace.runner or '?'}, mixer {trace.mixer or '?'}, prefix caching "
+    lines = [f"model {trace.model}"] if trace.model else []
+    lines += [f"model runner {trace.runner or '?'}, mixer {trace.mixer or '?'}, prefix caching "
              f"{'on (mamba_cache_mode align)' if trace.prefix_caching else 'off (mamba_cache_mode none)'}, {mode}",
              f"{'step':>4}  {'what':<10} detail"]
     for rec in trace.steps:

@@ -105,6 +105,9 @@ def test_unsupported_features_are_named():
         assert reason is not None and words in reason
     conn = Scenario(engine=_engine(), requests=[RequestSpec(unique_len=300, external_tokens=100)])
     assert "KV-connector" in engines.unsupported(conn)
+    other_model = Scenario(engine=_engine(model="nemotron_h_8b"), requests=[RequestSpec(unique_len=300)])
+    assert "engine.model nemotron_h_8b" in engines.unsupported(other_model)
+    assert "engine.model" in engines.unsupported(other_model, prefix_caching=False)
     # The uncached engine (mamba cache mode none) runs any block size.
     for words, e in cases.items():
         reason = engines.unsupported(Scenario(engine=e, requests=[RequestSpec(unique_len=300)]), prefix_caching=False)

@@ -171,3 +171,9 @@ def test_report_follows_vllms_bug_template_with_the_short_test_inline(stem):
         assert len(shown.splitlines()) <= SCREEN_LINES, len(shown.splitlines())
     assert "Related upstream: " in shown and "Candidate fix</summary>" in evidence
     assert evidence.count("<details>") == evidence.count("</details>") == 4
+
+
+def test_a_case_on_another_model_is_refused_in_one_line():
+    case = corpus.load_case(Path(__file__).resolve().parents[2] / "corpus/seeds/nemotron_h_shared_prefix_hits.json")
+    with pytest.raises(export.ExportError, match=r"^[^\n]*engine.model nemotron_h_8b cannot be exported yet[^\n]*$"):
+        export.test_source(case)

@@ -9,7 +9,7 @@ from types import ModuleType
 from typing import Any
 
 from mambafuzz.sim.vllm_compat import VllmUnsupported
-from mambafuzz.sim.vllm_compat.symbols import ENGINE_TIER, OPTIONAL, SYMBOLS, Place
+from mambafuzz.sim.vllm_compat.symbols import ENGINE_TIER, MODEL_CLASSES, OPTIONAL, SYMBOLS, Place
 
 Importer = Callable[[str], ModuleType]
 
@@ -86,5 +86,5 @@ def resolve(name: str, importer: Importer = importlib.import_module) -> Any:
 def check_all(importer: Importer = importlib.import_module, *, engine_tier: bool = False) -> list[str]:
     """Every required name of the scheduler harness (and of the engine tier, if asked) resolved now,
     so an unsupported vLLM fails before any work starts; returns the optional names it lacks."""
-    names = [n for n in SYMBOLS if engine_tier or n not in ENGINE_TIER]
+    names = [n for n in SYMBOLS if (engine_tier or n not in ENGINE_TIER) and n not in MODEL_CLASSES]
     return [n for n in names if isinstance(resolve(n, importer), Missing)]

@@ -38,6 +38,14 @@ SYMBOLS: dict[str, tuple[Place, ...]] = {
     **_at("vllm.v1.core.single_type_kv_cache_manager", "MambaManager"),
     **_at("vllm.v1.core.block_pool", "BlockPool"),
     **_at("vllm.v1.core.kv_cache_manager", "KVCacheManager"),
+    **_at(_KVI, "SlidingWindowSpec"),
+    # The architectures (mambafuzz/sim/architectures.py): each model class's own state-shape and dtype functions.
+    **_at("vllm.model_executor.layers.mamba.mamba_utils", "MambaStateDtypeCalculator"),
+    **_at("vllm.model_executor.models.qwen3_next", "Qwen3NextForCausalLM"),
+    **_at("vllm.model_executor.models.qwen3_5", "Qwen3_5MoeForCausalLM"),
+    **_at("vllm.model_executor.models.nemotron_h", "NemotronHForCausalLM"),
+    **_at("vllm.model_executor.models.granitemoehybrid", "GraniteMoeHybridForCausalLM"),
+    **_at("vllm.model_executor.models.falcon_h1", "FalconH1ForCausalLM"),
     **_at(_KVI, "FullAttentionSpec", "KVCacheConfig", "KVCacheGroupSpec", "MambaSpec",
           "get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid"),
     **_at("vllm.v1.outputs", "DraftTokenIds", "KVConnectorOutput", "ModelRunnerOutput"),
@@ -73,5 +81,9 @@ SYMBOLS: dict[str, tuple[Place, ...]] = {
 # are refused (see features.py). Before 0.30 the prefill-checkpoint rule lived inside
 # MambaManager, with no function the kernel model can follow.
 OPTIONAL = frozenset({"get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid", "EagleModelTypes"})
+# Model classes whose state-shape functions mambafuzz/sim/architectures.py calls: resolved only when a scenario
+# names their architecture (importing them costs seconds, and one may not import on a CPU host).
+MODEL_CLASSES = frozenset({"Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM", "NemotronHForCausalLM",
+                           "GraniteMoeHybridForCausalLM", "FalconH1ForCausalLM"})
 # Only the engine tier (a real LLMEngine) needs these; the scheduler harness runs without them.
 ENGINE_TIER = frozenset({"EngineArgs", "LLMEngine", "MambaStateShapeCalculator", "CpuPlatform"})
