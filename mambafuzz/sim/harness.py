@@ -223,9 +223,13 @@ class _Runner:
         # One kernel model per mamba KV-cache group: all groups' layers share the pool's blocks, so each
         # group's table is mirrored; the first group's rows and writes are the trace's (mamba_group_reads
         # keeps the other groups' wrong reads).
+        # With prefix caching off (the differential's reference run) the first group alone: nothing is
+        # shared or published there, and the reference is read from the first group's rows anyway.
+        groups = session.mamba_groups if prefix_caching else session.mamba_groups[:1]
         models = [KernelModel(geometry, runner=session.runner, mixer=scenario.engine.mixer,
                               first_use=(session.allocated_blocks, session.reused_blocks))
-                  for _ in session.mamba_groups]
+                  for _ in groups]
+        self._tables = session.mamba_tables if len(models) > 1 else lambda rid: (session.mamba_block_ids(rid),)
         self.model = models[0]
         self.mirror = WorkerMirror(models, self.spec)
         self.plan = plan
@@ -459,7 +463,7 @@ class _Runner:
 
     def _connector_load(self, rec: StepRecord, rid: str, num_tokens: int) -> None:
         state = self.live[rid].truth.at(num_tokens)
-        block = self.mirror.load(self.session.mamba_tables(rid), num_tokens, state)
+        block = self.mirror.load(self._tables(rid), num_tokens, state)
         rec.writes.append(SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
 
     def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int], batch: Batch,
@@ -478,7 +482,7 @@ class _Runner:
             live.known = req.num_tokens
         known = live.known
         end = start + n - num_drafts  # the row's real tokens end here; its drafts follow
-        tables = self.session.mamba_tables(rid)
+        tables = self._tables(rid)
         check_row(rid, start, n, num_drafts, known, tables[0], self._state_block_size)
         num_prompt = req.num_prompt_tokens
         spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, truth, num_prompt,

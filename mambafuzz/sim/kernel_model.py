@@ -166,11 +166,12 @@ class KernelModel:
         return self.mixer.path(inputs, num_computed, num_scheduled, g.spec_engine, g.num_speculative_tokens) == SPEC
 
     def run_row(self, rid: str, table: list[int], num_computed: int, tokens: list[int], num_drafts: int,
-                spec_row: bool = False, truth: PrefixStates | None = None) -> RowResult:
+                spec_row: bool = False, truth: PrefixStates | None = None, sample: bool = True) -> RowResult:
         """Run `tokens` (the last `num_drafts` of them speculative) from `num_computed`;
         `spec_row` selects the speculative kernel path (see `is_spec_row`). `truth`, the request's
         true prefix states (whose tokens from `num_computed` on are `tokens` without the drafts),
-        only makes extending a state cheaper; it never changes a result."""
+        only makes extending a state cheaper; it never changes a result. `sample` False skips the
+        outputs (another mamba group's model: the sampler reads the first group's row)."""
         num_tokens = len(tokens)
         num_real = num_tokens - num_drafts
 
@@ -205,13 +206,14 @@ class KernelModel:
             start = self.state_of(block) if num_computed > 0 else EMPTY
             if not num_drafts:  # the sampler reads the last position only
                 final = through(start, num_tokens)
-                outputs = [next_token(final, g.vocab_size)]
+                outputs = [next_token(final, g.vocab_size)] if sample else []
             else:  # ... and every draft position
                 final = through(start, num_real - 1)
                 outputs = []
                 for tok in tokens[num_tokens - num_drafts - 1 :]:
                     final = final.extend([tok])
-                    outputs.append(next_token(final, g.vocab_size))
+                    if sample:
+                        outputs.append(next_token(final, g.vocab_size))
             if self._write(block, final):  # drafts included: the kernel cannot roll them back
                 writes.append((curr, block, final, "chunk-end+drafts" if num_drafts else "chunk-end"))
             if g.checkpoint_alignment is not None:
@@ -228,7 +230,8 @@ class KernelModel:
             state = state.extend([tok])
             if curr + t < len(table) and self._write(table[curr + t], state):
                 writes.append((curr + t, table[curr + t], state, "spec-token"))
-            outputs.append(next_token(state, g.vocab_size))
+            if sample:
+                outputs.append(next_token(state, g.vocab_size))
         return RowResult(read_col, table[read_col] if read_col < len(table) else -1, start, outputs, writes)
 
     def _checkpoint(self, table: list[int], num_computed: int, seq_len: int, start: State,

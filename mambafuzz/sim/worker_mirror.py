@@ -61,7 +61,7 @@ class WorkerMirror:
     count (spec decode) and `load` for asynchronous loads that finished.  `tables` arguments
     hold the request's block table of each model's group, in model order."""
 
-    __slots__ = ("models", "first", "rest", "spec", "rest_rows")
+    __slots__ = ("models", "first", "rest", "spec", "rest_rows", "_same_kernels")
 
     def __init__(self, models: Sequence[KernelModel], spec_engine: bool):
         self.models = tuple(models)
@@ -69,6 +69,10 @@ class WorkerMirror:
         self.rest = self.models[1:]
         self.spec = spec_engine
         self.rest_rows: list[RowResult] = []  # the other models' results of the last run_row, in model order
+        first = self.first
+        self._same_kernels = [type(m.runner) is type(first.runner) and type(m.mixer) is type(first.mixer)
+                              and m.g.spec_engine == first.g.spec_engine
+                              and m.g.num_speculative_tokens == first.g.num_speculative_tokens for m in self.rest]
 
     def before_forward(self, out: Any) -> Sequence[tuple[int, State]]:
         """Apply what precedes the forward; returns (dst, state the first model holds right after
@@ -114,13 +118,14 @@ class WorkerMirror:
         if drafts:
             tokens += drafts
         spec = self.spec
-        if self.rest:
-            self.rest_rows = [model.run_row(rid, table, start, tokens, num_drafts,
-                                            spec and model.is_spec_row(start, n, num_drafts, num_prompt_tokens,
-                                                                       prefill_len), truth)
-                              for model, table in zip(self.rest, tables[1:])]
         first = self.first
         spec_row = spec and first.is_spec_row(start, n, num_drafts, num_prompt_tokens, prefill_len)
+        if self.rest:  # a group with the first group's runner and mixer classifies the row alike
+            self.rest_rows = [model.run_row(rid, table, start, tokens, num_drafts,
+                                            spec_row if self._same_kernels[i] else
+                                            spec and model.is_spec_row(start, n, num_drafts, num_prompt_tokens,
+                                                                       prefill_len), truth, sample=False)
+                              for i, (model, table) in enumerate(zip(self.rest, tables[1:]))]
         return spec_row, first.run_row(rid, tables[0], start, tokens, num_drafts, spec_row, truth)
 
     def postprocess(self, rid: str, tables: Sequence[list[int]], start: int, n: int, num_drafts: int,
