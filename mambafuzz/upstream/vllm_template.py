@@ -93,14 +93,12 @@ pytestmark = pytest.mark.cpu_test
 
 MAMBA_BLOCK_SIZE = {block_size}  # create_scheduler's attention block has the same size
 HASH_BLOCK_SIZE = {hash_block_size}  # prefix_match_unit
-CHECKPOINT_ALIGNMENT = {alignment}  # MambaSpec.prefill_checkpoint_alignment (Mamba2 mixers)
 {constants}
 
 def hybrid_scheduler(vllm_config, kv_cache_config, **kwargs):  # {groups_doc}, align mode
     vllm_config.cache_config.mamba_cache_mode = "align"{retention}
-    mamba = MambaSpec(block_size=MAMBA_BLOCK_SIZE, shapes=((1, 1),), dtypes=(torch.float32,),
-                      mamba_cache_mode="align", num_prefill_checkpoint_blocks={checkpoint_blocks},
-                      prefill_checkpoint_alignment=CHECKPOINT_ALIGNMENT)
+    mamba = MambaSpec(block_size=MAMBA_BLOCK_SIZE, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align",
+                      num_prefill_checkpoint_blocks={checkpoint_blocks}, prefill_checkpoint_alignment={alignment})
     kv_cache_config.kv_cache_groups += {groups_code}
     return Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                      hash_block_size=HASH_BLOCK_SIZE, **kwargs)
@@ -128,8 +126,7 @@ def test_{test_name}():
             blocks, end = mamba.req_to_blocks[req_id], requests[req_id].num_computed_tokens
             state_at[blocks[(end - 1) // MAMBA_BLOCK_SIZE].block_id] = end  # the chunk's end
             ckpt = get_mamba_prefill_checkpoint_position(end, HASH_BLOCK_SIZE, False)
-            if is_mamba_prefill_checkpoint_valid(end - n, end, ckpt, HASH_BLOCK_SIZE,
-                                                 MAMBA_BLOCK_SIZE, CHECKPOINT_ALIGNMENT):
+            if is_mamba_prefill_checkpoint_valid(end - n, end, ckpt, HASH_BLOCK_SIZE, MAMBA_BLOCK_SIZE, {alignment}):
                 state_at[blocks[(end - 1) // MAMBA_BLOCK_SIZE - 1].block_id] = ckpt  # checkpoint
         for req_id, blocks in mamba.req_to_blocks.items():
             for slot, block in enumerate(blocks):
@@ -165,8 +162,7 @@ WHY["no_crash_admission"] = (
     "full pool BlockPool.get_new_blocks raises inside schedule() instead of the request waiting.\n")
 
 HYBRID_IMPORTS = "from vllm.v1.kv_cache_interface import KVCacheGroupSpec, MambaSpec\n"
-SLOT_HASH_IMPORTS = """from vllm.v1.kv_cache_interface import (
-    KVCacheGroupSpec, MambaSpec, get_mamba_prefill_checkpoint_position,
-    is_mamba_prefill_checkpoint_valid)
+SLOT_HASH_IMPORTS = """from vllm.v1.kv_cache_interface import (KVCacheGroupSpec, MambaSpec,
+    get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid)
 from vllm.v1.outputs import ModelRunnerOutput
 """
