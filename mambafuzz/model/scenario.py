@@ -135,6 +135,10 @@ class EngineConfig:
     # request in `failed_recving`; 0: none fails.
     connector_failed_load: int = knob(0, kind="int", lo=0, hi=MAX_REQUESTS, simplest=0, build_key=False, uncached=0,
                                       generate=False)
+    # KVTransferConfig.kv_load_failure_policy: "fail" (vLLM's default: the request finishes with an
+    # error) or "recompute" (Scheduler._handle_failed_recving resets it to recompute). A VllmConfig field.
+    connector_failure_policy: str = knob("fail", kind="choice", choices=("fail", "recompute"), simplest="fail",
+                                         generate=False)
     # KVConnectorBase_V1.supports_divergent_local_hybrid_hits (NIXL declares it).
     connector_divergent_hits: bool = knob(False, kind="bool", simplest=False, build_key=False, uncached=False,
                                           generate=False)

@@ -452,6 +452,8 @@ class _Runner:
                 before[rid] = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
         sent = self._sends_finished(rec) if self.send_pending else None
         session.feed(batch.out, batch.sampled, batch.recv_done, batch.recv_failed, sent)
+        if batch.recv_failed:  # vLLM took the failure now: the request's next schedule admits it anew
+            self.unadmitted.update(rid for rid in batch.recv_failed if self._running(rid))
         if self.connector is not None and self.connector.saves:
             self._drain_saves(rec)
         for rid, counts in before.items():
@@ -497,7 +499,6 @@ class _Runner:
                 failed.add(rid)
                 self.trace.connector_events.append((rec.step, "load-fail", rid,
                                                     f"{order.num_external_tokens} tokens (failed_recving)"))
-                self.unadmitted.add(rid)  # its recomputation is a new admission
             else:
                 self.trace.connector_events.append((rec.step, "recv-done", rid,
                                                     f"{order.num_external_tokens} tokens after "

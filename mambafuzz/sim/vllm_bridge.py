@@ -152,7 +152,8 @@ def vllm_config_for(e: EngineConfig, max_model_len: int, connector: bool = True)
     # still write (Scheduler.defer_block_free), so an idle connector would hide the async preemption
     # and stale-delivery paths from every scenario.
     kv_transfer_config = KVTransferConfig(
-        kv_connector=CONNECTOR_CLASS, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both"
+        kv_connector=CONNECTOR_CLASS, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both",
+        **({} if e.connector_failure_policy == "fail" else {"kv_load_failure_policy": e.connector_failure_policy}),
     ) if connector else None
     vc = VllmConfig(
         model_config=model_config,

@@ -103,3 +103,72 @@ def test_a_bad_load_source_is_one_line():
     with pytest.raises(ScenarioError) as err:
         from_json(raw)
     assert err.value.problems == ["engine.connector_load_source must be one of truth, saved, got 'disk'"]
+
+
+def async_scenario(**engine) -> Scenario:
+    """r1 claims 100 connector tokens, loaded asynchronously while r0 prefills beside it."""
+    knobs = dict(mamba_block_size=64, attn_block_size=64, max_num_batched_tokens=128, max_num_seqs=4,
+                 async_scheduling=False)
+    knobs.update(engine)
+    return Scenario(engine=EngineConfig(**knobs), prefixes=[150], token_seed=1,
+                    requests=[RequestSpec(prefix_ids=[0], unique_len=150, max_tokens=3),
+                              RequestSpec(unique_len=200, max_tokens=3, external_tokens=100, external_async=True)])
+
+
+def admissions(trace, rid):
+    return [(rec.step, a) for rec in trace.steps for a in rec.admissions if a.request_id == rid]
+
+
+@pytest.mark.parametrize("steps", [0, 2])
+@pytest.mark.parametrize("scheduling", [False, True])
+def test_an_async_load_finishes_after_the_knobs_forwards(steps, scheduling):
+    trace = harness.run(async_scenario(connector_recv_steps=steps, async_scheduling=scheduling))
+    ((admitted, adm),) = admissions(trace, "r1")
+    assert adm.external_async and adm.external_tokens == 100
+    (done,) = [rec.step for rec in trace.steps if "r1" in rec.recv_done]
+    assert done == admitted + steps  # one forward per engine step
+    assert bool(events(trace, "recv-done")) == bool(steps)  # the default run records what it always did
+    chunk = first_chunk(trace, "r1")
+    assert chunk.start == 100 and chunk.read_state == chunk.true_state
+    assert evaluate(async_scenario(connector_recv_steps=steps, async_scheduling=scheduling), "fixed").verdict.clean
+
+
+@pytest.mark.parametrize("scheduling", [False, True])
+def test_a_failed_load_is_recomputed_and_judged_like_any_request(scheduling):
+    s = async_scenario(connector_recv_steps=1, connector_failed_load=1, connector_failure_policy="recompute",
+                       async_scheduling=scheduling)
+    trace = harness.run(s)
+    assert [e[2] for e in events(trace, "load-fail")] == ["r1"]
+    # vLLM resets the request (Scheduler._handle_failed_recving) and asks the connector again: a second load
+    assert [a.external_tokens for _, a in admissions(trace, "r1")] == [100, 100]
+    assert trace.finish_status["r1"] == "FINISHED_LENGTH_CAPPED"
+    ev = evaluate(s, "fixed")
+    assert ev.verdict.clean and ev.trace.outputs["r1"] == ev.uncached.outputs["r1"]
+
+
+def test_a_failed_load_under_vllms_default_policy_fails_the_request():
+    trace = harness.run(async_scenario(connector_failed_load=1))
+    assert trace.finish_status["r1"] == "FINISHED_ERROR" and trace.finish_status["r0"] == "FINISHED_LENGTH_CAPPED"
+    assert evaluate(async_scenario(connector_failed_load=1), "fixed").verdict.clean  # an error has no completion
+
+
+def test_only_the_chosen_load_fails():
+    trace = harness.run(async_scenario(connector_failed_load=2, connector_failure_policy="recompute"))
+    assert events(trace, "load-fail") == [] and len(admissions(trace, "r1")) == 1
+
+
+def test_divergent_hybrid_hits_reach_vllm_and_the_connector_restores_the_mamba_state():
+    """vLLM 0.32 asks get_computed_blocks_for_connector when the connector declares
+    supports_divergent_local_hybrid_hits: the local hit is the attention group's (128 tokens of
+    the shared prefix, whose mamba state vLLM's default retention did not keep), and the
+    connector's load supplies the mamba state at the resume point."""
+    base = saving_scenario(connector_save=False, connector_load_source="truth")
+    plain = admissions(harness.run(base), "r1")[0][1]
+    assert (plain.local_hit_tokens, plain.external_tokens) == (0, 149)
+    s = dataclasses.replace(base, engine=dataclasses.replace(base.engine, connector_divergent_hits=True))
+    trace = harness.run(s)
+    adm = admissions(trace, "r1")[0][1]
+    assert (adm.local_hit_tokens, adm.external_tokens) == (128, 21)
+    chunk = first_chunk(trace, "r1")
+    assert chunk.start == 149 and chunk.read_state == chunk.true_state
+    assert evaluate(s, "fixed").verdict.clean
