@@ -300,6 +300,9 @@ def runner_caused_reads(trace: Trace) -> set[str]:
     return out
 
 
+NO_COMPLETION = ("FINISHED_ABORTED", "FINISHED_ERROR")
+
+
 def check_outputs(cached: Trace, uncached: Trace) -> Finding | None:
     """(c) Prefix caching must not change what any request generates (aborted ones excepted,
     and ones whose run with prefix caching off read a wrong state itself, or whose cached run
@@ -307,8 +310,11 @@ def check_outputs(cached: Trace, uncached: Trace) -> Finding | None:
     broken = {rid for rid, _ in wrong_reads(uncached)}
     if wrong_reads(cached):
         broken |= runner_caused_reads(cached)
+    # Aborted requests, and requests vLLM failed on purpose (a KV load failure under
+    # kv_load_failure_policy "fail": Scheduler.update_from_output finishes them FINISHED_ERROR and
+    # the client gets an error, not tokens), have no completion to compare.
     for rid, tokens in cached.outputs.items():
-        if cached.finish_status.get(rid) == "FINISHED_ABORTED" or uncached.finish_status.get(rid) == "FINISHED_ABORTED":
+        if cached.finish_status.get(rid) in NO_COMPLETION or uncached.finish_status.get(rid) in NO_COMPLETION:
             continue
         if rid in broken:
             continue

@@ -32,6 +32,7 @@ READABLE_VERSIONS = (1, 2)
 VOCAB_SIZE = 1024
 
 SPEC_METHODS = ("none", "mtp")
+CONNECTOR_LOAD_SOURCES = ("truth", "saved")
 
 # Hard ceilings that keep one scenario cheap; the decoder and validation share them.
 MAX_REQUESTS = 16
@@ -129,6 +130,31 @@ class EngineConfig:
     # the knob; it is left out of a scenario file's JSON, so old files round-trip unchanged. Drawn last
     # by the generator (draw_scenario), moved to the default by the minimizer.
     model: str = knob(DEFAULT_MODEL, kind="choice", choices=MODELS, simplest=DEFAULT_MODEL, generate=False)
+    # The scenario's KV connector (mambafuzz/sim/connector.py), playing the scheduler side of a
+    # saving and loading connector (LMCache, NIXL). Off, it only loads, the true state, within one
+    # step: what every file before these knobs ran. None is drawn by the generic generator (a draw
+    # would change every generated input's stream); they are not part of the VllmConfig.
+    # Save on `request_finished`: return delay_free=True; the blocks are freed when the worker
+    # reports `finished_sending`, `connector_send_steps` engine steps (update_from_output calls) later.
+    connector_save: bool = knob(False, kind="bool", simplest=False, build_key=False, uncached=False, generate=False)
+    connector_send_steps: int = knob(0, kind="int", lo=0, hi=8, simplest=0, build_key=False, uncached=0, generate=False)
+    # What a load delivers: "truth" (the state of the request's own tokens: a store that never errs) or
+    # "saved" (what an earlier request saved under the block hash; a hit only where a save exists).
+    connector_load_source: str = knob("truth", kind="choice", choices=CONNECTOR_LOAD_SOURCES, simplest="truth",
+                                      build_key=False, uncached="truth", generate=False)
+    # An async load completes (`finished_recving`) this many forwards after the one that started it.
+    connector_recv_steps: int = knob(0, kind="int", lo=0, hi=8, simplest=0, build_key=False, uncached=0, generate=False)
+    # The n-th async load (1-based, in the order vLLM asked for them) fails: the worker reports the
+    # request in `failed_recving`; 0: none fails.
+    connector_failed_load: int = knob(0, kind="int", lo=0, hi=MAX_REQUESTS, simplest=0, build_key=False, uncached=0,
+                                      generate=False)
+    # KVTransferConfig.kv_load_failure_policy: "fail" (vLLM's default: the request finishes with an
+    # error) or "recompute" (Scheduler._handle_failed_recving resets it to recompute). A VllmConfig field.
+    connector_failure_policy: str = knob("fail", kind="choice", choices=("fail", "recompute"), simplest="fail",
+                                         generate=False)
+    # KVConnectorBase_V1.supports_divergent_local_hybrid_hits (NIXL declares it).
+    connector_divergent_hits: bool = knob(False, kind="bool", simplest=False, build_key=False, uncached=False,
+                                          generate=False)
 
     def without_prefix_caching(self) -> EngineConfig:
         """The same engine with prefix caching off: the differential's twin."""
@@ -204,8 +230,9 @@ class Scenario:
 
     @property
     def uses_connector(self) -> bool:
-        """Some request claims KV-connector tokens: the engine needs a KV connector configured."""
-        return any(r.external_tokens for r in self.requests)
+        """Some request claims KV-connector tokens, or the connector saves: the engine needs a KV
+        connector configured."""
+        return any(r.external_tokens for r in self.requests) or self.engine.connector_save
 
     def max_model_len(self) -> int:
         longest = max((self.prompt_len(i) + r.max_tokens for i, r in enumerate(self.requests)), default=1)

@@ -3,7 +3,17 @@ scenario.  vLLM's connector factory loads it by module path; the harness hands i
 of external tokens per request and reads back which mamba block each load must fill.
 
 It only plays the scheduler role: there are no workers, and the harness's kernel model
-performs the "load" by writing the true state into the block vLLM gave the request.
+performs the "load" by writing a state into the block vLLM gave the request, and the "save"
+by reading what a request's mamba block holds once the request's computed tokens cross its
+boundary (the harness's `_save_rows`, as vLLM's offloading connectors store a block once it is
+computed), under the block hash the scheduler gave those tokens.
+
+Beyond the default (load the true state, in one step, never save), the engine's `connector_*`
+knobs give it the scheduler side of the saving connectors (LMCache, NIXL, both in
+vllm/distributed/kv_transfer/kv_connector/v1/): `request_finished_all_groups` answers
+delay_free=True for a request it saves, and the harness reports `finished_sending` later
+(Scheduler._update_from_kv_xfer_finished frees the blocks then); loads can deliver what was
+saved under the prompt's block hashes (`store`) instead of the truth.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from mambafuzz.sim.vllm_compat.api import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    RequestStatus,
     SupportsHMA,
 )
 
@@ -33,6 +44,20 @@ class LoadOrder:
     num_external_tokens: int
     load_async: bool
     block_ids: tuple[list[int], ...]
+    # what the load delivers when the connector loads saved states: the store entry (tokens, state);
+    # None: the truth
+    saved: Any = None
+
+
+@dataclass(frozen=True)
+class SaveOrder:
+    """A request vLLM finished while the connector saves: its blocks (per KV-cache group, as
+    `request_finished_all_groups` got them) and the block hashes the scheduler gave its tokens."""
+
+    request_id: str
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+    block_hashes: tuple[bytes, ...]
 
 
 @dataclass
@@ -46,6 +71,34 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
         self.plan: dict[str, ExternalHit] = {}
         self.orders: list[LoadOrder] = []  # drained by the harness every step
         self._step_orders: list[LoadOrder] = []
+        # saving (EngineConfig.connector_save): requests finished since the harness last drained
+        self.save_requests = False
+        self.saves: list[SaveOrder] = []
+        # loading saved states (connector_load_source "saved"): block hash of a mamba boundary ->
+        # (tokens, what was saved); the harness fills it when a save's finished_sending arrives
+        self.load_saved = False
+        self.store: dict[bytes, tuple[int, Any]] = {}
+        self.mamba_block_size = 0
+        self.hash_block_size = 0
+        self.divergent_hits = False  # EngineConfig.connector_divergent_hits
+        self._matched: dict[str, tuple[int, Any]] = {}
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        return self.divergent_hits
+
+    def saved_prefix(self, request: Any, limit: int) -> tuple[int, Any]:
+        """The longest saved mamba boundary of `request`'s prompt within `limit` tokens: (tokens,
+        its store entry (tokens, state)), (0, None) when none. A mamba layer resumes from its last state alone."""
+        bs, unit = self.mamba_block_size, self.hash_block_size
+        hashes = request.block_hashes
+        for tokens in range(limit // bs * bs, 0, -bs):
+            index = tokens // unit - 1
+            if index < len(hashes):
+                entry = self.store.get(bytes(hashes[index]))
+                if entry is not None:
+                    return tokens, entry
+        return 0, None
 
     # ---- scheduler side ------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -53,13 +106,19 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
         if hit is None:
             return 0, False
         # Never the whole prompt: vLLM needs one token left to compute for a sync hit.
-        extra = max(0, min(hit.tokens, request.num_prompt_tokens - 1) - num_computed_tokens)
+        limit = min(hit.tokens, request.num_prompt_tokens - 1)
+        saved = None
+        if self.load_saved:
+            limit, saved = self.saved_prefix(request, limit)
+        extra = max(0, limit - num_computed_tokens)
+        self._matched[request.request_id] = (limit, saved)
         return extra, hit.load_async and extra > 0
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
             hit = self.plan[request.request_id]
-            order = LoadOrder(request.request_id, num_external_tokens, hit.load_async, blocks.get_block_ids())
+            saved = self._matched.get(request.request_id, (0, None))[1]
+            order = LoadOrder(request.request_id, num_external_tokens, hit.load_async, blocks.get_block_ids(), saved)
             self._step_orders.append(order)
             self.orders.append(order)
 
@@ -69,7 +128,16 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
         return meta
 
     def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
-        return False, None
+        """Scheduler._connector_finished: a saving connector keeps the blocks (delay_free) until
+        its worker reports the request in `finished_sending` (LMCache's and NIXL's
+        `request_finished` answer True for a request whose blocks they still send)."""
+        # NIXL's request_finished sends only a request that ran to its length cap (an aborted one
+        # has nothing to hand off); a request's blocks are freed once, so one save each
+        if not self.save_requests or request.status != RequestStatus.FINISHED_LENGTH_CAPPED:
+            return False, None
+        self.saves.append(SaveOrder(request.request_id, tuple(list(b) for b in block_ids),
+                                    request.num_computed_tokens, tuple(bytes(h) for h in request.block_hashes)))
+        return True, None
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return False, None

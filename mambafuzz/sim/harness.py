@@ -252,18 +252,31 @@ class _Runner:
         if self.async_mode:
             session.cache_keys_version()  # install the key watch before the first schedule()
         self.connector = session.connector if prefix_caching else None  # it sees nothing without prefix caching
+        # connector work in progress (EngineConfig.connector_* knobs): async loads not finished yet
+        # (request -> [forwards left, order, fails]) and saves not sent yet (request -> [updates
+        # left, the entries it saves]); both empty under the default knobs
+        self.recv_pending: dict[str, list] = {}
+        self.send_pending: dict[str, list] = {}
+        self._async_loads = 0
+        self.save_entries: dict[str, list] = {}  # request -> (hash, tokens, state, block) saved, not sent yet
+        self.recv_tracked = bool(e.connector_recv_steps or e.connector_failed_load)
         if self.connector is not None:
             self.connector.plan = {
                 rid: ExternalHit(r.external_tokens, r.external_async)
                 for rid, r in zip(self.ids, scenario.requests) if r.external_tokens
             }
+            c = self.connector
+            c.save_requests, c.load_saved = e.connector_save, e.connector_load_source == "saved"
+            c.mamba_block_size, c.hash_block_size = e.mamba_block_size, session.hash_block_size
+            c.divergent_hits = e.connector_divergent_hits
 
     # ---- main loop -------------------------------------------------------------------
     def run(self) -> None:
         step = 0
         try:
             while True:
-                end = self.plan.end(step, self.session.has_unfinished() or bool(self.queue))
+                end = self.plan.end(step, self.session.has_unfinished() or bool(self.queue)
+                                    or bool(self.send_pending) or bool(self.recv_pending))
                 if end is not None:
                     self.trace.hit_bound = end == BOUND
                     break
@@ -365,6 +378,8 @@ class _Runner:
 
     def _abort(self, rec: StepRecord, aborts: list[str]) -> None:
         self.session.abort(aborts)
+        if self.connector is not None and self.connector.saves:
+            self._drain_saves(rec)
         rec.aborts = rec.aborts + aborts if rec.aborts else aborts
         for rid in aborts:
             self.trace.finish_status[rid] = "FINISHED_ABORTED"
@@ -402,7 +417,7 @@ class _Runner:
             live.prefill_len = live.known = req.num_tokens
             live.drafts = []  # a (re)added request has no proposals on the worker
             if order is not None and not order.load_async:
-                self._connector_load(rec, rid, start)
+                self._connector_load(rec, rid, start, order)
 
         sampled = batch.sampled
         correction = self.queue.worker_corrections(session, out) if self.async_mode else {}
@@ -417,14 +432,22 @@ class _Runner:
             sampled[rid] = self._run_row(rec, rid, scheduled[rid], spec_tokens.get(rid, []), batch,
                                          correction.get(rid, 0))
 
-        recv_done = {rid for rid, o in connector_orders.items() if o.load_async} if connector_orders else set()
-        if recv_done:
-            for rid in sorted(recv_done):
+        recv_new = {rid: o for rid, o in connector_orders.items() if o.load_async} if connector_orders else {}
+        if self.recv_tracked:
+            recv_new, failed = self._recv_progress(rec, recv_new)
+        else:  # the default: an async load finishes in the forward that started it, and never fails
+            failed = set()
+        if recv_new:
+            for rid in sorted(recv_new):
                 req = session.request(rid)
-                if req is not None and vb.is_waiting_for_remote_kv(req):
-                    self._connector_load(rec, rid, req.num_computed_tokens)
-            rec.recv_done = sorted(recv_done)
-        batch.recv_done = recv_done
+                if rid not in failed and req is not None and vb.is_waiting_for_remote_kv(req):
+                    self._connector_load(rec, rid, req.num_computed_tokens, recv_new[rid])
+            rec.recv_done = sorted(recv_new)
+        batch.recv_done = set(recv_new)
+        batch.recv_failed = failed
+        if self.connector is not None and self.connector.save_requests and scheduled:
+            self._save_rows(rec, {c.request_id: (c.start, c.start + c.num_tokens - c.num_drafts)
+                                  for c in rec.chunks if c.request_id in scheduled})
 
     def _apply(self, rec: StepRecord, batch: Batch) -> None:
         """The engine core hands a batch's output to the scheduler (`update_from_output`), after the
@@ -439,7 +462,12 @@ class _Runner:
             req = session.request(rid)
             if req is not None and not req.is_finished():
                 before[rid] = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
-        session.feed(batch.out, batch.sampled, batch.recv_done)
+        sent = self._sends_finished(rec) if self.send_pending else None
+        session.feed(batch.out, batch.sampled, batch.recv_done, batch.recv_failed, sent)
+        if batch.recv_failed:  # vLLM took the failure now: the request's next schedule admits it anew
+            self.unadmitted.update(rid for rid in batch.recv_failed if self._running(rid))
+        if self.connector is not None and self.connector.saves:
+            self._drain_saves(rec)
         for rid, counts in before.items():
             req = session.request(rid)
             now = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
@@ -461,8 +489,91 @@ class _Runner:
         self.connector.orders.clear()
         return orders
 
-    def _connector_load(self, rec: StepRecord, rid: str, num_tokens: int) -> None:
-        state = self.live[rid].truth.at(num_tokens)
+    def _recv_progress(self, rec: StepRecord, new: dict) -> tuple[dict, set[str]]:
+        """One forward of the async loads in flight: `new` (this step's orders) start with
+        `connector_recv_steps` forwards to go; a load with none left finishes now (the worker's
+        `get_finished` reports it in `finished_recving`), and the `connector_failed_load`-th load
+        fails (reported in `failed_recving` too: Scheduler._handle_failed_recving resets the
+        request to recompute, _update_waiting_for_remote_kv frees or caches its blocks)."""
+        e = self.s.engine
+        for rid, order in new.items():
+            self._async_loads += 1
+            fails = self._async_loads == e.connector_failed_load
+            self.recv_pending[rid] = [e.connector_recv_steps, order, fails]
+        done, failed = {}, set()
+        for rid, entry in list(self.recv_pending.items()):
+            if entry[0] > 0:
+                entry[0] -= 1
+                continue
+            del self.recv_pending[rid]
+            done[rid] = order = entry[1]
+            if entry[2]:
+                failed.add(rid)
+                self.trace.connector_events.append((rec.step, "load-fail", rid,
+                                                    f"{order.num_external_tokens} tokens (failed_recving)"))
+            else:
+                self.trace.connector_events.append((rec.step, "recv-done", rid,
+                                                    f"{order.num_external_tokens} tokens after "
+                                                    f"{e.connector_recv_steps + 1} forward(s)"))
+        return done, failed
+
+    def _save_rows(self, rec: StepRecord, rows: dict[str, tuple[int, int]]) -> None:
+        """The worker side of a saving connector, after the forward (and its post-forward copies):
+        each mamba block whose boundary a row crossed, (p + 1) * block_size in (start, end] within
+        the prompt, is saved under the hash vLLM gave those tokens, holding what the kernel model
+        says it holds now (vLLM's offloading connectors store a block once the request's computed
+        tokens cover it). The entries wait for the request's `request_finished` and reach the
+        store when its send finishes: a block holding the wrong state is a wrong entry."""
+        bs = self.s.engine.mamba_block_size
+        unit = self.session.hash_block_size
+        null = self.session.null_block_id
+        for rid, (start, end) in rows.items():
+            req = self.live[rid].req
+            end = min(end, req.num_prompt_tokens)
+            table = self.session.mamba_block_ids(rid)
+            hashes = req.block_hashes
+            for tokens in range((start // bs + 1) * bs, end + 1, bs):
+                p, index = tokens // bs - 1, tokens // unit - 1
+                if p >= len(table) or index >= len(hashes) or table[p] <= null:
+                    continue
+                state = self.model.state_of(table[p])
+                self.save_entries.setdefault(rid, []).append((bytes(hashes[index]), tokens, state, table[p]))
+                self.trace.connector_events.append((rec.step, "save", rid, f"block {table[p]} as the state after "
+                                                    f"{tokens} tokens: holds {state}"))
+
+    def _drain_saves(self, rec: StepRecord) -> None:
+        """Requests vLLM finished since the last drain whose blocks the connector keeps
+        (delay_free): their saved entries are sent, `connector_send_steps` updates from now."""
+        for order in self.connector.saves:
+            entries = self.save_entries.pop(order.request_id, [])
+            self.send_pending[order.request_id] = [self.s.engine.connector_send_steps, entries]
+            self.trace.connector_events.append((rec.step, "delay-free", order.request_id,
+                                                f"request_finished keeps its blocks; {len(entries)} entries to send"))
+        self.connector.saves.clear()
+
+    def _sends_finished(self, rec: StepRecord) -> set[str]:
+        """The saves the worker reports in `finished_sending` at this update_from_output; their
+        entries enter the connector's store."""
+        done = set()
+        for rid, entry in list(self.send_pending.items()):
+            if entry[0] > 0:
+                entry[0] -= 1
+                continue
+            del self.send_pending[rid]
+            done.add(rid)
+            for key, tokens, state, _ in entry[1]:
+                self.connector.store[key] = (tokens, state)
+            self.trace.connector_events.append((rec.step, "sent", rid, f"{len(entry[1])} mamba block(s) stored"))
+        return done
+
+    def _connector_load(self, rec: StepRecord, rid: str, num_tokens: int, order: Any = None) -> None:
+        saved = order.saved if order is not None else None
+        if saved is not None:
+            if saved[0] != num_tokens:
+                raise HarnessError(f"{rid} loads {num_tokens} tokens but the connector matched a save of {saved[0]}")
+            state = saved[1]
+        else:
+            state = self.live[rid].truth.at(num_tokens)
         block = self.mirror.load(self._tables(rid), num_tokens, state)
         rec.writes.append(SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
 

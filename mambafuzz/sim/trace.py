@@ -134,3 +134,6 @@ class Trace:
     forward_steps: int = 0
     hashed_snapshots: int = 0
     prefix_hit_tokens: int = 0
+    # the KV connector's work beyond one-step loads (EngineConfig.connector_* knobs), in order:
+    # (step, "save" | "sent" | "recv-done" | "load-fail", request, detail)
+    connector_events: list[tuple[int, str, str, str]] = field(default_factory=list)

@@ -153,7 +153,8 @@ def vllm_config_for(e: EngineConfig, max_model_len: int, connector: bool = True)
     # still write (Scheduler.defer_block_free), so an idle connector would hide the async preemption
     # and stale-delivery paths from every scenario.
     kv_transfer_config = KVTransferConfig(
-        kv_connector=CONNECTOR_CLASS, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both"
+        kv_connector=CONNECTOR_CLASS, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both",
+        **({} if e.connector_failure_policy == "fail" else {"kv_load_failure_policy": e.connector_failure_policy}),
     ) if connector else None
     vc = VllmConfig(
         model_config=model_config,
@@ -396,15 +397,25 @@ class SchedulerSession:
     def schedule(self) -> SchedulerOutput:
         return self.scheduler.schedule()
 
-    def feed(self, out: SchedulerOutput, sampled: dict[str, list[int]], finished_recving: set[str]) -> None:
+    def feed(self, out: SchedulerOutput, sampled: dict[str, list[int]], finished_recving: set[str],
+             failed_recving: set[str] | None = None, finished_sending: set[str] | None = None) -> None:
+        """update_from_output with the batch's tokens and what the worker's KV connector finished:
+        loads (`finished_recving`; a failed one is in `failed_recving` as well) and sends."""
         req_ids = list(out.num_scheduled_tokens)
+        connector_output = None
+        if finished_recving or finished_sending:
+            connector_output = KVConnectorOutput(finished_recving=finished_recving or None)
+            if failed_recving:
+                connector_output.failed_recving = set(failed_recving)
+            if finished_sending:
+                connector_output.finished_sending = set(finished_sending)
         self.scheduler.update_from_output(
             out,
             ModelRunnerOutput(
                 req_ids=req_ids,
                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
                 sampled_token_ids=[sampled.get(r, []) for r in req_ids],
-                kv_connector_output=KVConnectorOutput(finished_recving=finished_recving) if finished_recving else None,
+                kv_connector_output=connector_output,
             ),
         )
 

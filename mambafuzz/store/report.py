@@ -33,6 +33,9 @@ def step_table(trace: Trace) -> str:
     lines += [f"model runner {trace.runner or '?'}, mixer {trace.mixer or '?'}, prefix caching "
              f"{'on (mamba_cache_mode align)' if trace.prefix_caching else 'off (mamba_cache_mode none)'}, {mode}",
              f"{'step':>4}  {'what':<10} detail"]
+    connector: dict[int, list[tuple[str, str]]] = {}
+    for step, what, rid, detail in trace.connector_events:
+        connector.setdefault(step, []).append((what, f"{rid} {detail}"))
     for rec in trace.steps:
         rows: list[tuple[str, str]] = []
         event = trace.batches.get(rec.step)
@@ -74,6 +77,7 @@ def step_table(trace: Trace) -> str:
                 rows.append(("publish", f"block {block} keyed by update_from_output (batch {event.applied})"))
         for rid in rec.finished:
             rows.append(("finish", f"{rid} {trace.finish_status.get(rid, '')}"))
+        rows += connector.get(rec.step, ())
         for i, (what, detail) in enumerate(rows):
             lines.append(f"{rec.step if i == 0 else '':>4}  {what:<10} {detail}")
     if trace.crash:
@@ -93,4 +97,6 @@ def trace_digest(trace: Trace) -> str:
         h.update(repr(sorted(trace.batches.items())).encode())
     if trace.in_flight_aborts:
         h.update(repr(sorted(trace.in_flight_aborts)).encode())
+    if trace.connector_events:  # saving / multi-step / failing connectors only
+        h.update(repr(trace.connector_events).encode())
     return h.hexdigest()[:32]

@@ -87,6 +87,11 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
     engine = dataclasses.asdict(s.engine)
     engine.pop("runner", None)  # the model runner the kernel model mirrors: not a scheduler setting
     engine.pop("async_scheduling", None)  # synchronous, checked above
+    # the scenario connector's save/load behaviours (EngineConfig.connector_*) are the harness's,
+    # not a vLLM setting: left out at their defaults, so exports from before them stay current
+    defaults = dataclasses.asdict(type(s.engine)())
+    for name in [n for n in engine if n.startswith("connector_") and engine[n] == defaults[n]]:
+        engine.pop(name)
     if ":nocache-" in sig:
         engine.update(enable_prefix_caching=False, prefix_match_unit=None, num_prefill_checkpoint_blocks=0,
                       prefill_checkpoint_alignment=None, enable_mamba_shared_prefix_checkpoint=False)

@@ -1,0 +1,174 @@
+"""The scenario's KV connector beyond one-step true loads: saving on request_finished with
+delayed frees (finished_sending), loads of what was saved, multi-step and failing async loads,
+and divergent local hybrid hits (EngineConfig.connector_* knobs)."""
+
+import dataclasses
+
+import pytest
+
+from mambafuzz.checks.oracle import judge
+from mambafuzz.checks.pipeline import evaluate
+from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ScenarioError, from_json
+from mambafuzz.sim import harness
+
+
+def saving_scenario(**engine) -> Scenario:
+    """r0 computes a 150-token shared prefix in 64-token chunks and saves its mamba blocks; r1
+    arrives after r0 finished and claims up to 149 tokens from the connector. vLLM's default
+    retention keeps no local mamba state below 150 tokens, so only the connector can serve r1."""
+    knobs = dict(mamba_block_size=64, attn_block_size=64, max_num_batched_tokens=64, max_num_seqs=4,
+                 async_scheduling=False, connector_save=True, connector_load_source="saved")
+    knobs.update(engine)
+    return Scenario(engine=EngineConfig(**knobs), prefixes=[150], token_seed=1,
+                    requests=[RequestSpec(prefix_ids=[0], unique_len=150, max_tokens=2),
+                              RequestSpec(arrival_step=14, prefix_ids=[0], unique_len=100, max_tokens=2,
+                                          external_tokens=149)])
+
+
+def events(trace, kind):
+    return [e for e in trace.connector_events if e[1] == kind]
+
+
+def first_chunk(trace, rid):
+    return next(c for rec in trace.steps for c in rec.chunks if c.request_id == rid)
+
+
+def unaligned_split(self, request, num_new_tokens, *args, **kwargs):
+    """A planted bug: chunks end wherever the budget does, so a block crossed by a later chunk
+    keeps a mid-block state and vLLM publishes (and the connector saves) it as the boundary's."""
+    return num_new_tokens
+
+
+def test_the_default_connector_neither_saves_nor_records_events():
+    s = saving_scenario(connector_save=False, connector_load_source="truth")
+    trace = harness.run(s)
+    assert trace.connector_events == []
+    assert first_chunk(trace, "r1").start == 149  # a true load of the claimed tokens, in one step
+
+
+def test_a_saving_connector_keeps_the_blocks_until_finished_sending():
+    for steps in (0, 3):
+        trace = harness.run(saving_scenario(connector_send_steps=steps))
+        (freed,) = [e[0] for e in events(trace, "delay-free") if e[2] == "r0"]
+        (sent,) = [e[0] for e in events(trace, "sent") if e[2] == "r0"]
+        assert sent - freed == steps + 1  # one update_from_output per step, synchronous
+        assert "r0" in trace.finish_status and not trace.unfinished
+
+
+def test_saves_hold_what_the_kernel_model_wrote_at_each_crossed_boundary():
+    trace = harness.run(saving_scenario())
+    saves = [e[3] for e in events(trace, "save") if e[2] == "r0"]
+    # 64-token chunks end on every boundary of the 300-token prompt: 64, 128, 192, 256
+    assert [d.split(" as the state after ")[1].split(" ")[0] for d in saves] == ["64", "128", "192", "256"]
+    for detail in saves:
+        tokens = detail.split(" as the state after ")[1].split(" ")[0]
+        assert f"holds state@{tokens}#" in detail
+
+
+def test_a_load_delivers_the_saved_state_of_the_longest_saved_boundary():
+    trace = harness.run(saving_scenario())
+    adm = next(a for rec in trace.steps for a in rec.admissions if a.request_id == "r1")
+    assert (adm.local_hit_tokens, adm.external_tokens) == (0, 128)  # saves at 64 and 128 lie within 149
+    chunk = first_chunk(trace, "r1")
+    assert chunk.start == 128 and chunk.read_state == chunk.true_state
+    assert evaluate(saving_scenario(), "fixed").verdict.clean
+
+
+def test_without_a_save_a_saved_load_source_finds_no_hit():
+    trace = harness.run(saving_scenario(connector_save=False))
+    adm = next(a for rec in trace.steps for a in rec.admissions if a.request_id == "r1")
+    assert adm.external_tokens == 0 and trace.connector_events == []
+
+
+def test_a_poisoned_save_travels_to_a_later_request_and_is_caught_there():
+    s = dataclasses.replace(saving_scenario(), engine=dataclasses.replace(saving_scenario().engine,
+                                                                          max_num_batched_tokens=100))
+    trace = harness.run(s, unaligned_split, "unaligned")
+    poisoned = [e for e in events(trace, "save") if e[2] == "r0" and "after 128 tokens: holds state@100#" in e[3]]
+    assert poisoned, trace.connector_events
+    chunk = first_chunk(trace, "r1")
+    assert chunk.start == 128 and chunk.read_state.num_tokens == 100 and chunk.true_state.num_tokens == 128
+    uncached = harness.run(s, unaligned_split, "unaligned", prefix_caching=False)
+    verdict = judge(trace, uncached)
+    assert any(f.request_id == "r1" for f in verdict.findings), [f.signature for f in verdict.findings]
+    # the same planted bug with a connector that loads the truth: r1 resumes correctly
+    truth = dataclasses.replace(s, engine=dataclasses.replace(s.engine, connector_load_source="truth"))
+    chunk = first_chunk(harness.run(truth, unaligned_split, "unaligned"), "r1")
+    assert chunk.read_state == chunk.true_state
+
+
+def test_a_bad_load_source_is_one_line():
+    raw = saving_scenario().to_json()
+    raw["engine"]["connector_load_source"] = "disk"
+    with pytest.raises(ScenarioError) as err:
+        from_json(raw)
+    assert err.value.problems == ["engine.connector_load_source must be one of truth, saved, got 'disk'"]
+
+
+def async_scenario(**engine) -> Scenario:
+    """r1 claims 100 connector tokens, loaded asynchronously while r0 prefills beside it."""
+    knobs = dict(mamba_block_size=64, attn_block_size=64, max_num_batched_tokens=128, max_num_seqs=4,
+                 async_scheduling=False)
+    knobs.update(engine)
+    return Scenario(engine=EngineConfig(**knobs), prefixes=[150], token_seed=1,
+                    requests=[RequestSpec(prefix_ids=[0], unique_len=150, max_tokens=3),
+                              RequestSpec(unique_len=200, max_tokens=3, external_tokens=100, external_async=True)])
+
+
+def admissions(trace, rid):
+    return [(rec.step, a) for rec in trace.steps for a in rec.admissions if a.request_id == rid]
+
+
+@pytest.mark.parametrize("steps", [0, 2])
+@pytest.mark.parametrize("scheduling", [False, True])
+def test_an_async_load_finishes_after_the_knobs_forwards(steps, scheduling):
+    trace = harness.run(async_scenario(connector_recv_steps=steps, async_scheduling=scheduling))
+    ((admitted, adm),) = admissions(trace, "r1")
+    assert adm.external_async and adm.external_tokens == 100
+    (done,) = [rec.step for rec in trace.steps if "r1" in rec.recv_done]
+    assert done == admitted + steps  # one forward per engine step
+    assert bool(events(trace, "recv-done")) == bool(steps)  # the default run records what it always did
+    chunk = first_chunk(trace, "r1")
+    assert chunk.start == 100 and chunk.read_state == chunk.true_state
+    assert evaluate(async_scenario(connector_recv_steps=steps, async_scheduling=scheduling), "fixed").verdict.clean
+
+
+@pytest.mark.parametrize("scheduling", [False, True])
+def test_a_failed_load_is_recomputed_and_judged_like_any_request(scheduling):
+    s = async_scenario(connector_recv_steps=1, connector_failed_load=1, connector_failure_policy="recompute",
+                       async_scheduling=scheduling)
+    trace = harness.run(s)
+    assert [e[2] for e in events(trace, "load-fail")] == ["r1"]
+    # vLLM resets the request (Scheduler._handle_failed_recving) and asks the connector again: a second load
+    assert [a.external_tokens for _, a in admissions(trace, "r1")] == [100, 100]
+    assert trace.finish_status["r1"] == "FINISHED_LENGTH_CAPPED"
+    ev = evaluate(s, "fixed")
+    assert ev.verdict.clean and ev.trace.outputs["r1"] == ev.uncached.outputs["r1"]
+
+
+def test_a_failed_load_under_vllms_default_policy_fails_the_request():
+    trace = harness.run(async_scenario(connector_failed_load=1))
+    assert trace.finish_status["r1"] == "FINISHED_ERROR" and trace.finish_status["r0"] == "FINISHED_LENGTH_CAPPED"
+    assert evaluate(async_scenario(connector_failed_load=1), "fixed").verdict.clean  # an error has no completion
+
+
+def test_only_the_chosen_load_fails():
+    trace = harness.run(async_scenario(connector_failed_load=2, connector_failure_policy="recompute"))
+    assert events(trace, "load-fail") == [] and len(admissions(trace, "r1")) == 1
+
+
+def test_divergent_hybrid_hits_reach_vllm_and_the_connector_restores_the_mamba_state():
+    """vLLM 0.32 asks get_computed_blocks_for_connector when the connector declares
+    supports_divergent_local_hybrid_hits: the local hit is the attention group's (128 tokens of
+    the shared prefix, whose mamba state vLLM's default retention did not keep), and the
+    connector's load supplies the mamba state at the resume point."""
+    base = saving_scenario(connector_save=False, connector_load_source="truth")
+    plain = admissions(harness.run(base), "r1")[0][1]
+    assert (plain.local_hit_tokens, plain.external_tokens) == (0, 149)
+    s = dataclasses.replace(base, engine=dataclasses.replace(base.engine, connector_divergent_hits=True))
+    trace = harness.run(s)
+    adm = admissions(trace, "r1")[0][1]
+    assert (adm.local_hit_tokens, adm.external_tokens) == (128, 21)
+    chunk = first_chunk(trace, "r1")
+    assert chunk.start == 149 and chunk.read_state == chunk.true_state
+    assert evaluate(s, "fixed").verdict.clean
