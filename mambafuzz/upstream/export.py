@@ -57,6 +57,10 @@ def check_for(signature: str) -> str:
 
 
 def case_signature(case: Case) -> str:
+    chained = next((i for i, r in enumerate(case.scenario.requests) if r.continues is not None), None)
+    if chained is not None:
+        raise ExportError(f"{case.path}: requests[{chained}] continues an earlier request, whose prompt an exported "
+                          "test cannot write down before a run (not exported yet)")
     meta = case.extra.get("finding")
     if isinstance(meta, dict) and isinstance(meta.get("signature"), str):
         return meta["signature"]
