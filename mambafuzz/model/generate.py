@@ -18,6 +18,7 @@ import random
 from typing import Protocol
 
 from mambafuzz.model.scenario import (
+    MAX_PROMPT_TOKENS,
     EngineConfig,
     Knob,
     RequestSpec,
@@ -209,7 +210,34 @@ def draw_scenario(src: Source) -> Scenario:
     for req in requests:
         if req.abort_step is not None:
             req.abort_in_flight = src.bool()
+    _draw_continuations(src, scenario)
     return scenario
+
+
+def _draw_continuations(src: Source, scenario: Scenario) -> None:
+    """Chains of turns: a share of requests continue an earlier one (its prompt plus some or all of
+    what it generated, then their own tail). A continuation of a request that may be aborted takes
+    none of its outputs half of the time: a retry of the same prompt (plus its tail). Drawn after
+    every other dimension and changing none of them, so an input recorded before continuations
+    existed decodes to the same requests, some now linked; a link that would make a prompt too long
+    for the limits or the drawn pool is not made."""
+    requests = scenario.requests
+    for i, req in enumerate(requests):
+        if not i or src.int(0, 3):
+            continue
+        j = src.int(0, i - 1)
+        earlier = requests[j]
+        if earlier.abort_step is not None and src.bool():
+            outputs = 0
+        else:
+            outputs = None if src.bool() else src.int(0, earlier.max_tokens)
+        req.continues, req.continue_outputs = j, outputs
+        pool = scenario.engine.num_gpu_blocks
+        if (scenario.prompt_len(i) > MAX_PROMPT_TOKENS
+                or sum(scenario.prompt_len(k) for k in range(len(requests))) > 4 * 8192 // 3
+                or scenario.engine.long_prefill_token_threshold > scenario.max_model_len()
+                or (pool is not None and pool < min_pool_blocks(scenario))):
+            req.continues = req.continue_outputs = None
 
 
 def scenario_from_bytes(data: bytes) -> Scenario:
