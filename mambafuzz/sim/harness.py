@@ -360,7 +360,7 @@ class _Runner:
             self.live[rid] = _Live(i, truth, session.request(rid))
             self.unadmitted.add(rid)
             rec.arrivals.append(rid)
-            self.trace.continuations[rid] = (self.ids[j], n)
+            self.trace.continuations[rid] = (self.ids[j], n, truth.at(len(prompt)).fingerprint)
             self.trace.prompt_lens[rid] = len(prompt)
             if self.async_mode and self.prefix_caching:
                 self.book.learn(rid, session.request(rid).block_hashes, truth)

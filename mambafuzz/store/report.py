@@ -39,7 +39,7 @@ def step_table(trace: Trace) -> str:
             rows.append(("arrive", " ".join(rec.arrivals)))
             for rid in rec.arrivals:
                 if rid in trace.continuations:
-                    earlier, n = trace.continuations[rid]
+                    earlier, n, _ = trace.continuations[rid]
                     rows.append(("continue", f"{rid} continues {earlier} (+{n} generated tokens; prompt "
                                              f"{trace.prompt_lens.get(rid, '?')} tokens)"))
         if rec.aborts:

@@ -35,7 +35,7 @@ def test_the_prompt_is_built_from_what_the_model_generated_and_hits_its_decode_b
     assert trace.crash is None and not trace.unfinished
     r0 = trace.outputs["r0"]
     assert len(r0) == 60
-    assert trace.continuations == {"r1": ("r0", 60), "r2": ("r0", 28)}
+    assert {rid: c[:2] for rid, c in trace.continuations.items()} == {"r1": ("r0", 60), "r2": ("r0", 28)}
     assert trace.prompt_lens["r1"] == 180 and trace.prompt_lens["r2"] == 128
     arrive = {rid: rec.step for rec in trace.steps for rid in rec.arrivals}
     finish = {rid: rec.step for rec in trace.steps for rid in rec.finished}
@@ -79,7 +79,7 @@ def test_a_retry_after_a_mid_prefill_abort_resends_the_same_prompt_and_hits_it()
                                                                                   continue_outputs=0)])
     trace = harness.run(s, None, "fixed")
     assert trace.finish_status["r0"] == "FINISHED_ABORTED" and trace.outputs["r0"] == []
-    assert trace.continuations == {"r1": ("r0", 0)} and trace.prompt_lens["r1"] == 300
+    assert trace.continuations["r1"][:2] == ("r0", 0) and trace.prompt_lens["r1"] == 300
     assert admissions(trace)["r1"] == 192  # the three chunks r0 computed before its abort
     assert evaluate(s, "fixed").verdict.clean
 
@@ -150,3 +150,16 @@ def test_a_bad_write_to_a_decode_completed_block_is_caught_when_a_continuation_r
     kinds = {f.kind for f in ev.verdict.findings}
     assert "resume_state" not in kinds and "stale_read" not in kinds
     assert "slot_hash" in kinds, kinds
+
+
+def test_a_continuation_of_a_request_an_abort_caught_at_different_points_is_not_a_divergence():
+    """Found by the first fuzz run with continuations (a tool artifact, not vLLM's): the cached run
+    reached r0's abort before r0 sampled its one token, the uncached run after, so each run gave r1
+    another prompt (33 and 34 tokens) and their outputs differ with no state read wrong."""
+    s = Scenario(EngineConfig(mamba_block_size=16, attn_block_size=16, max_num_batched_tokens=17),
+                 prefixes=[16], requests=[RequestSpec(5, [0, 0], 1, 1, abort_step=8),
+                                          RequestSpec(8, [], 0, 1, continues=0)])
+    ev = evaluate(s, "fixed")
+    assert ev.trace.continuations["r1"][:2] == ("r0", 0) and ev.uncached.continuations["r1"][:2] == ("r0", 1)
+    assert ev.trace.prompt_lens["r1"] == 33 and ev.uncached.prompt_lens["r1"] == 34
+    assert ev.verdict.clean, ev.verdict.primary
