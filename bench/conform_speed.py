@@ -43,7 +43,7 @@ def main() -> None:
     print(f"{'scenario':48} {'steps':>5} {'drive/s':>8} {'bare/s':>8} {'ratio':>6}")
     for path in args.files:
         s = load_case(path).scenario
-        prompts = [s.prompt_tokens(i) for i in range(len(s.requests))]
+        prompts = s.static_prompts()
         steps = len(list(drive(s, runners)))  # warm-up
         bare_run(s, prompts)
         t_drive = _median_time(lambda s=s: list(drive(s, runners)), args.reps)

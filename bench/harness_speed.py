@@ -80,8 +80,8 @@ TARGET_FRESH_SPEEDUP = 20.0
 
 
 def scenarios() -> dict[str, Scenario]:
-    """~6 representative cases: 1-4 requests, concurrent prefills, shared prefixes, MTP k=2,
-    a prefix_match_unit finer than the mamba block, mamba blocks from 64 to 1600."""
+    """~7 representative cases: 1-4 requests, concurrent prefills, shared prefixes, MTP k=2,
+    a prefix_match_unit finer than the mamba block, mamba blocks from 64 to 1600, a chain of turns."""
     e, r = EngineConfig, RequestSpec
     return {
         "single-mb64": Scenario(
@@ -111,6 +111,11 @@ def scenarios() -> dict[str, Scenario]:
             e(mamba_block_size=1600, attn_block_size=1600, max_num_batched_tokens=2048),
             prefixes=[3300], requests=[r(0, [0], 500, 6), r(4, [0], 900, 6)], token_seed=6,
         ),
+        "multi-turn-mb64": Scenario(  # a chain of turns, each continuing the last one's output
+            e(mamba_block_size=64, attn_block_size=64, max_num_batched_tokens=256),
+            prefixes=[], requests=[r(0, [], 150, 40), r(0, [], 30, 20, continues=0), r(0, [], 20, 8, continues=1)],
+            token_seed=7,
+        ),
     }
 
 
@@ -122,7 +127,7 @@ def with_pool(s: Scenario, num_blocks: int) -> Scenario:
 # ---- the bare baseline ----------------------------------------------------------------
 
 
-def bare_run(s: Scenario, prompts: list[list[int]], prefix_caching: bool = True) -> int:
+def bare_run(s: Scenario, prompts: list[list[int] | None], prefix_caching: bool = True) -> int:
     """Drive the same Scheduler the harness builds with no kernel model, truth or oracle, under
     the same engine-core loop (mambafuzz.sim.engine_core.BatchQueue: vLLM's AsyncScheduler with its
     batch queue when the scenario runs async) and a constant-token worker
@@ -144,7 +149,7 @@ def bare_run(s: Scenario, prompts: list[list[int]], prefix_caching: bool = True)
     return step
 
 
-def bare_two_runs(s: Scenario, prompts: list[list[int]]) -> None:
+def bare_two_runs(s: Scenario, prompts: list[list[int] | None]) -> None:
     bare_run(s, prompts, True)
     bare_run(s, prompts, False)
 
@@ -155,7 +160,7 @@ def bare_two_runs(s: Scenario, prompts: list[list[int]]) -> None:
 @dataclasses.dataclass
 class Case:
     scenario: Scenario
-    prompts: list[list[int]]  # for the bare loop only
+    prompts: list[list[int] | None]  # for the bare loop only
     fresh: Scenario  # the scenario with a 10,000-block pool
 
 
@@ -304,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         if problems:
             print(f"scenario {name} is invalid: {problems}", file=sys.stderr)
             return 2
-    cases = {n: Case(s, [s.prompt_tokens(i) for i in range(len(s.requests))], with_pool(s, FRESH_BLOCKS))
+    cases = {n: Case(s, s.static_prompts(), with_pool(s, FRESH_BLOCKS))
              for n, s in scen.items()}
 
     # Warm-up: builds (and caches) every VllmConfig and imports what vLLM loads lazily; excluded.

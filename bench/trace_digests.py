@@ -30,7 +30,7 @@ from mambafuzz.store.corpus import iter_cases  # noqa: E402
 from mambafuzz.store.report import trace_digest  # noqa: E402
 
 
-def inputs(generated: int):
+def inputs(generated: int, continuations: bool = False):
     dirs = [ROOT / "corpus" / d for d in ("seeds", "regressions", "upstream")]
     for case in iter_cases([d for d in dirs if d.exists()], warn=lambda msg: None):
         yield str(case.path.relative_to(ROOT)), case.scenario
@@ -38,7 +38,7 @@ def inputs(generated: int):
         s = decode_input(data)
         if s is not None:  # byte inputs decode through the generator too: the model is its last draw
             s = _before_models(s)
-            yield str(path.relative_to(ROOT)), s
+            yield str(path.relative_to(ROOT)), s if continuations else _without_continuations(s)
     rng = random.Random(20261201)
     made = 0
     while made < generated:
@@ -48,7 +48,15 @@ def inputs(generated: int):
         s = _before_models(random_scenario(random.Random(seed)))
         if not validate(s):
             made += 1
-            yield f"random:{seed}", s
+            yield f"random:{seed}", s if continuations else _without_continuations(s)
+
+
+def _without_continuations(s):
+    """`s` with every continuation link dropped: the generator draws links last and changes no other
+    dimension, so this is the scenario a tree from before continuations drew for the same input."""
+    for r in s.requests:
+        r.continues = r.continue_outputs = None
+    return s
 
 
 def _before_models(s):
@@ -66,8 +74,9 @@ def _before_async(s):
     return s
 
 
-def rows(generated: int, splits: list[str], scheduling: str | None = None, before_async: bool = False):
-    for name, scenario in inputs(generated):
+def rows(generated: int, splits: list[str], scheduling: str | None = None, before_async: bool = False,
+         continuations: bool = False):
+    for name, scenario in inputs(generated, continuations):
         scenario = _before_async(scenario) if before_async else with_scheduling(scenario, scheduling)
         for split in splits:
             try:
@@ -90,6 +99,9 @@ def main() -> int:
                    help="run every input synchronously with aborts at the input queue: compare with a tree from "
                         "before engine.async_scheduling and abort_in_flight, whose generator drew the same "
                         "scenarios without them")
+    p.add_argument("--continuations", action="store_true",
+                   help="keep the continuation links the generator draws (last) in the generated scenarios; without "
+                        "it they are dropped, so rows compare with a tree from before RequestSpec.continues")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--out", type=Path, help="write the rows here (JSON lines)")
     g.add_argument("--compare", type=Path, help="compare against rows written before")
@@ -97,7 +109,7 @@ def main() -> int:
     if args.generated < 0:
         print("trace_digests: --generated must not be negative", file=sys.stderr)
         return 2
-    got = list(rows(args.generated, args.splits, args.scheduling, args.before_async))
+    got = list(rows(args.generated, args.splits, args.scheduling, args.before_async, args.continuations))
     if args.out:
         args.out.write_text("".join(json.dumps(r) + "\n" for r in got))
         print(f"trace_digests: {len(got)} evaluations written to {args.out}")

@@ -306,7 +306,11 @@ NO_COMPLETION = ("FINISHED_ABORTED", "FINISHED_ERROR")
 def check_outputs(cached: Trace, uncached: Trace) -> Finding | None:
     """(c) Prefix caching must not change what any request generates (aborted ones excepted,
     and ones whose run with prefix caching off read a wrong state itself, or whose cached run
-    read one the runner causes in either mode: those reads are findings of their own)."""
+    read one the runner causes in either mode: those reads are findings of their own).
+    A continuation is compared only when both runs gave it the same prompt: each run builds it
+    from what the earlier request held when it ended, and an abort at a fixed step catches that
+    request at different points in the two runs (different prompts, nothing to compare). When
+    the earlier request's own outputs diverged, that request is the finding."""
     broken = {rid for rid, _ in wrong_reads(uncached)}
     if wrong_reads(cached):
         broken |= runner_caused_reads(cached)
@@ -317,6 +321,8 @@ def check_outputs(cached: Trace, uncached: Trace) -> Finding | None:
         if cached.finish_status.get(rid) in NO_COMPLETION or uncached.finish_status.get(rid) in NO_COMPLETION:
             continue
         if rid in broken:
+            continue
+        if (cached.continuations or uncached.continuations) and cached.continuations.get(rid) != uncached.continuations.get(rid):
             continue
         other = uncached.outputs.get(rid)
         if other is None or other == tokens:

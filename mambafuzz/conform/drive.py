@@ -66,7 +66,7 @@ def drive(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[Confo
     session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None, s.uses_connector)
     workers = [_worker_for(r, session, num_blocks, s.max_model_len()) for r in runners or model_runners.names()]
     plan = StepPlan.of(s)
-    prompts = [s.prompt_tokens(i) for i in range(len(s.requests))]
+    prompts = s.static_prompts()
     queue = BatchQueue(session.batch_queue_depth)
     bare = ConstantWorker(session, s, queue)
     for step in range(plan.bound):

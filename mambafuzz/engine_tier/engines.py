@@ -160,6 +160,10 @@ def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
                 "with kv_connector_module_path='mambafuzz.sim.connector' starts and schedules sync hits), but its worker "
                 "side loads nothing (no KV, no mamba state) and never reports async loads done, so the engine "
                 "would compute from garbage or wait forever")
+    if any(r.continues is not None for r in s.requests):
+        return ("a request that continues an earlier one: the engine replay builds no continuation prompts (the "
+                "cached and uncached engines may legitimately flip a near-tie token, and their continuations would "
+                "then start from different prompts)")
     if any(r.abort_in_flight for r in s.requests):
         return ("an abort that arrives while a batch executes: the in-process engine takes aborts between steps "
                 "(LLMEngine.abort_request), never from the aborts queue inside one")

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from mambafuzz.model.architectures import ARCHITECTURES, DEFAULT_MODEL
 from mambafuzz.model.scenario import (
+    MAX_PROMPT_TOKENS,
     EngineConfig,
     Knob,
     RequestSpec,
@@ -220,7 +221,32 @@ def draw_scenario(src: Source) -> Scenario:
     # (plus a model): the tiny default half of the time, otherwise an architecture the config suits.
     # Only the model changes: with it set back to the default the scenario is the one drawn before the knob.
     engine.model = draw_model(src, scenario)
+    _draw_continuations(src, scenario)  # it changes no other draw
+    _draw_connector(src, scenario)  # last of all, for the same reason
     return scenario
+
+
+CONNECTOR_KNOBS = ("connector_save", "connector_send_steps", "connector_load_source", "connector_recv_steps",
+                   "connector_failed_load", "connector_failure_policy", "connector_divergent_hits")
+
+
+def _draw_connector(src: Source, scenario: Scenario) -> None:
+    """How the KV connector behaves (mambafuzz/sim/connector.py: saves, loads of saved states,
+    multi-step and failing async loads, divergent hybrid hits), in half of the scenarios whose
+    requests claim connector tokens; their defaults (a connector that only loads the truth within a
+    step) stay in the rest. Steps are kept short (0-3) so the saves and loads land inside a run."""
+    if not any(r.external_tokens for r in scenario.requests) or src.bool():
+        return
+    engine, k = scenario.engine, knobs()
+    for name in CONNECTOR_KNOBS:
+        if name in ("connector_send_steps", "connector_recv_steps"):
+            value = src.int(0, 3)
+        elif name == "connector_failed_load":
+            loads = sum(1 for r in scenario.requests if r.external_tokens and r.external_async)
+            value = src.int(0, loads) if loads else 0
+        else:
+            value = draw_knob(src, k[name])
+        setattr(engine, name, value)
 
 
 def draw_model(src: Source, scenario: Scenario) -> str:
@@ -236,6 +262,32 @@ def draw_model(src: Source, scenario: Scenario) -> str:
             and (engine.num_gpu_blocks is None or engine.num_gpu_blocks >= min_pool_blocks(
                 dataclasses.replace(scenario, engine=dataclasses.replace(engine, model=a.name))))]
     return _pick(src, fits) if fits else DEFAULT_MODEL
+
+
+def _draw_continuations(src: Source, scenario: Scenario) -> None:
+    """Chains of turns: a share of requests continue an earlier one (its prompt plus some or all of
+    what it generated, then their own tail). A continuation of a request that may be aborted takes
+    none of its outputs half of the time: a retry of the same prompt (plus its tail). Drawn after
+    every other dimension and changing none of them, so an input recorded before continuations
+    existed decodes to the same requests, some now linked; a link that would make a prompt too long
+    for the limits or the drawn pool is not made."""
+    requests = scenario.requests
+    for i, req in enumerate(requests):
+        if not i or src.int(0, 3):
+            continue
+        j = src.int(0, i - 1)
+        earlier = requests[j]
+        if earlier.abort_step is not None and src.bool():
+            outputs = 0
+        else:
+            outputs = None if src.bool() else src.int(0, earlier.max_tokens)
+        req.continues, req.continue_outputs = j, outputs
+        pool = scenario.engine.num_gpu_blocks
+        if (scenario.prompt_len(i) > MAX_PROMPT_TOKENS
+                or sum(scenario.prompt_len(k) for k in range(len(requests))) > 4 * 8192 // 3
+                or scenario.engine.long_prefill_token_threshold > scenario.max_model_len()
+                or (pool is not None and pool < min_pool_blocks(scenario))):
+            req.continues = req.continue_outputs = None
 
 
 def scenario_from_bytes(data: bytes) -> Scenario:

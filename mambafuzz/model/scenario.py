@@ -14,7 +14,7 @@ import functools
 import json
 import math
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +195,18 @@ class RequestSpec:
     # before the next update_from_output (EngineCore.step and step_with_batch_queue both drain it
     # there), or at the next step's input when that step applies no output.
     abort_in_flight: bool = False
+    # A continuation (a later turn, or a retry): the index of an earlier request whose prompt plus
+    # (a prefix of) its generated tokens start this prompt; `prefix_ids` and `unique_len` form the
+    # new tail after them (`unique_len` may be 0). It arrives at the first step >= arrival_step at
+    # which that request has finished or was aborted. None: an ordinary request.
+    continues: int | None = None
+    # How many of the earlier request's generated tokens to include (None: all it generated); a
+    # request that generated fewer gives what it has.
+    continue_outputs: int | None = None
+
+
+# RequestSpec fields written to JSON only when set: files without them load and dump unchanged.
+_OPTIONAL_REQUEST_FIELDS = ("continues", "continue_outputs")
 
 
 @dataclass
@@ -210,8 +222,9 @@ class Scenario:
     def request_ids(self) -> list[str]:
         return [f"r{i}" for i in range(len(self.requests))]
 
-    def prompt_tokens(self, index: int) -> list[int]:
-        """The prompt of request `index`: its prefix segments, then a unique tail."""
+    def tail_tokens(self, index: int) -> list[int]:
+        """Request `index`'s own tokens: its prefix segments, then a unique tail (its whole prompt
+        unless it continues an earlier request)."""
         spec = self.requests[index]
         tokens: list[int] = []
         for prefix_id in spec.prefix_ids:
@@ -219,14 +232,49 @@ class Scenario:
         tokens += _segment_tokens(self.token_seed, ("tail", index), spec.unique_len)
         return tokens
 
+    def prompt_tokens(self, index: int) -> list[int]:
+        """The prompt of request `index`: its prefix segments, then a unique tail. A continuation's
+        prompt exists only in a run (`continuation_prompt`)."""
+        spec = self.requests[index]
+        if spec.continues is not None:
+            raise ScenarioError([f"requests[{index}] continues r{spec.continues}: its prompt depends on what "
+                                 f"r{spec.continues} generates in a run"])
+        return self.tail_tokens(index)
+
+    def continuation_prompt(self, index: int, earlier_tokens: Sequence[int], earlier_prompt_len: int) -> tuple[list[int], int]:
+        """The prompt of continuation `index` in a run where the request it continues ended holding
+        `earlier_tokens` (its prompt of `earlier_prompt_len` tokens, then what it generated), and
+        how many generated tokens it takes."""
+        spec = self.requests[index]
+        generated = len(earlier_tokens) - earlier_prompt_len
+        n = generated if spec.continue_outputs is None else min(spec.continue_outputs, generated)
+        return list(earlier_tokens[:earlier_prompt_len + n]) + self.tail_tokens(index), n
+
+    def static_prompts(self) -> list[list[int] | None]:
+        """Every request's prompt, None for a continuation (built at its arrival: StepPlan.feed)."""
+        return [None if r.continues is not None else self.tail_tokens(i) for i, r in enumerate(self.requests)]
+
     def prompt_key(self, index: int) -> tuple:
         """What `prompt_tokens(index)` depends on: equal keys, equal prompts (a cheap cache key)."""
         spec = self.requests[index]
         return (self.token_seed, tuple((p, self.prefixes[p]) for p in spec.prefix_ids), index, spec.unique_len)
 
     def prompt_len(self, index: int) -> int:
+        """The prompt's length; for a continuation its longest (the earlier request generated all
+        its max_tokens): what pool sizes, max_model_len and the prompt cap are judged by."""
         spec = self.requests[index]
-        return sum(self.prefixes[p] for p in spec.prefix_ids) + spec.unique_len
+        own = sum(self.prefixes[p] for p in spec.prefix_ids) + spec.unique_len
+        if spec.continues is None:
+            return own
+        earlier = self.requests[spec.continues]
+        outputs = earlier.max_tokens if spec.continue_outputs is None else min(spec.continue_outputs, earlier.max_tokens)
+        return self.prompt_len(spec.continues) + outputs + own
+
+    def min_prompt_len(self, index: int) -> int:
+        """The prompt's shortest length (a continued request aborted before it generated anything)."""
+        spec = self.requests[index]
+        own = sum(self.prefixes[p] for p in spec.prefix_ids) + spec.unique_len
+        return own if spec.continues is None else self.min_prompt_len(spec.continues) + own
 
     @property
     def uses_connector(self) -> bool:
@@ -257,7 +305,7 @@ class Scenario:
             "version": FORMAT_VERSION,
             "engine": _engine_json(self.engine),
             "prefixes": list(self.prefixes),
-            "requests": [dataclasses.asdict(r) for r in self.requests],
+            "requests": [_request_json(r) for r in self.requests],
             "acceptance": list(self.acceptance),
             "token_seed": self.token_seed,
         }
@@ -271,6 +319,14 @@ def _engine_json(e: EngineConfig) -> dict[str, Any]:
     out = dataclasses.asdict(e)
     if out.get("model") == DEFAULT_MODEL:
         del out["model"]
+    return out
+
+
+def _request_json(r: RequestSpec) -> dict[str, Any]:
+    out = dataclasses.asdict(r)
+    for name in _OPTIONAL_REQUEST_FIELDS:
+        if out[name] is None:
+            del out[name]
     return out
 
 
@@ -436,7 +492,15 @@ def validate(s: Scenario) -> list[str]:
     for i, r in enumerate(s.requests):
         w = f"requests[{i}]"
         _check_int(p, f"{w}.arrival_step", r.arrival_step, 0, MAX_STEPS_ARRIVAL)
-        _check_int(p, f"{w}.unique_len", r.unique_len, 1, MAX_PROMPT_TOKENS)
+        _check_int(p, f"{w}.continues", r.continues, 0, optional=True)
+        if isinstance(r.continues, int) and not isinstance(r.continues, bool) and r.continues >= i:
+            p.append(f"{w}.continues must name an earlier request (0..{i - 1}), got {r.continues}" if i
+                     else f"{w}.continues must name an earlier request, and requests[0] has none")
+        _check_int(p, f"{w}.continue_outputs", r.continue_outputs, 0, MAX_OUTPUT_TOKENS, optional=True)
+        if r.continue_outputs is not None and r.continues is None:
+            p.append(f"{w}.continue_outputs needs continues")
+        # a continuation's prompt already holds the earlier request's: its own tail may be empty
+        _check_int(p, f"{w}.unique_len", r.unique_len, 0 if r.continues is not None else 1, MAX_PROMPT_TOKENS)
         _check_int(p, f"{w}.max_tokens", r.max_tokens, 1, MAX_OUTPUT_TOKENS)
         _check_int(p, f"{w}.external_tokens", r.external_tokens, 0, MAX_PROMPT_TOKENS)
         _check_int(p, f"{w}.abort_step", r.abort_step, 0, MAX_STEPS_ARRIVAL + MAX_PROMPT_TOKENS, optional=True)
@@ -457,8 +521,9 @@ def validate(s: Scenario) -> list[str]:
         plen = s.prompt_len(i)
         if plen > MAX_PROMPT_TOKENS:
             p.append(f"{w} prompt is {plen} tokens, more than {MAX_PROMPT_TOKENS}")
-        if r.external_tokens >= plen:
-            p.append(f"{w}.external_tokens {r.external_tokens} must be below its prompt length {plen}")
+        shortest = s.min_prompt_len(i)
+        if r.external_tokens >= shortest:
+            p.append(f"{w}.external_tokens {r.external_tokens} must be below its prompt length {shortest}")
         if r.abort_step is not None and r.abort_step < r.arrival_step:
             p.append(f"{w}.abort_step {r.abort_step} is before its arrival_step {r.arrival_step}")
     if s.requests and e.long_prefill_token_threshold > s.max_model_len():

@@ -24,12 +24,18 @@ class StepPlan:
     last_arrival: int = -1
     bound: int = 0  # the liveness bound: a run still going at this step has stalled
     max_tokens: list[int] = field(default_factory=list)
+    # continuations not arrived yet: request index -> (index of the request it continues, arrival step)
+    pending: dict[int, tuple[int, int]] = field(default_factory=dict)
+    scenario: Scenario | None = None
 
     @classmethod
     def of(cls, s: Scenario) -> StepPlan:
-        plan = cls(s.request_ids(), bound=s.liveness_bound(), max_tokens=[r.max_tokens for r in s.requests])
+        plan = cls(s.request_ids(), bound=s.liveness_bound(), max_tokens=[r.max_tokens for r in s.requests], scenario=s)
         for i, (rid, r) in enumerate(zip(plan.ids, s.requests, strict=True)):
-            plan.arrivals_at.setdefault(r.arrival_step, []).append(i)
+            if r.continues is not None:
+                plan.pending[i] = (r.continues, r.arrival_step)
+            else:
+                plan.arrivals_at.setdefault(r.arrival_step, []).append(i)
             if r.abort_step is not None:
                 due = plan.in_flight_aborts_at if r.abort_in_flight else plan.aborts_at
                 due.setdefault(r.abort_step, []).append(rid)
@@ -41,6 +47,17 @@ class StepPlan:
         the many steps where none does: every driving loop asks on every step)."""
         due = self.arrivals_at.get(step)
         return [(i, self.ids[i]) for i in due] if due else []
+
+    def continuations(self, step: int, ended: Callable[[str], bool]) -> list[tuple[int, int, str]]:
+        """(index, index of the request it continues, request id) of the continuations that arrive
+        at `step`: due by now, and the request each continues has `ended` (arrived and finished or
+        aborted). Each is handed out once; call once per step, after `arrivals`."""
+        if not self.pending:
+            return []
+        due = [(i, j, self.ids[i]) for i, (j, at) in self.pending.items() if at <= step and ended(self.ids[j])]
+        for i, _, _ in due:
+            del self.pending[i]
+        return due
 
     def aborts(self, step: int, running: Callable[[str], bool]) -> list[str]:
         """The requests aborted at `step` that are still `running` (arrived, not finished)."""
@@ -58,16 +75,27 @@ class StepPlan:
 
     def end(self, step: int, has_unfinished: bool) -> str | None:
         """Why a run stops before `step` (DONE, else BOUND), or None while it goes on."""
-        if step > self.last_arrival and not has_unfinished:
+        if step > self.last_arrival and not has_unfinished and not self.pending:
             return DONE
         return BOUND if step >= self.bound else None
 
-    def feed(self, step: int, session: Any, prompts: list[list[int]]) -> None:
+    def feed(self, step: int, session: Any, prompts: list[list[int] | None]) -> None:
         """Add `step`'s arrivals to a scheduler session (mambafuzz.sim.vllm_bridge.SchedulerSession) and
         abort its due requests that are still running: the whole of it for a loop that keeps no
-        state of its own per request (the speed bench, the conformance driver)."""
+        state of its own per request (the speed bench, the conformance driver). `prompts` are
+        `Scenario.static_prompts()`; a continuation's prompt is built here from the tokens the
+        request it continues holds in the session (prompt and generated)."""
         for i, rid in self.arrivals(step):
             session.add_request(rid, prompts[i], self.max_tokens[i], float(step))
+        if self.pending:
+            def ended(rid: str) -> bool:
+                return (req := session.request(rid)) is not None and req.is_finished()
+
+            for i, j, rid in self.continuations(step, ended):
+                earlier = session.request(self.ids[j])
+                prompt, _ = self.scenario.continuation_prompt(i, earlier.all_token_ids, earlier.num_prompt_tokens)
+                session.add_request(rid, prompt, self.max_tokens[i], float(step))
+
         def running(rid: str) -> bool:
             return (req := session.request(rid)) is not None and not req.is_finished()
 

@@ -25,17 +25,40 @@ def complexity(s: Scenario) -> tuple:
     e = s.engine
     knobs = sum(getattr(e, f.name) != getattr(_DEFAULT_ENGINE, f.name) for f in dataclasses.fields(e))
     extras = sum(bool(r.external_tokens) + (r.abort_step is not None) + r.external_async + r.abort_in_flight
-                 for r in s.requests)
+                 + (r.continues is not None) for r in s.requests)
     return (requests, tokens, steps, len(s.prefixes), extras, knobs, len(s.acceptance), s.token_seed,
             e.mamba_block_size, e.max_num_batched_tokens, e.num_speculative_tokens, e.max_num_seqs,
             e.long_prefill_token_threshold, sum(s.acceptance))
 
 
 def _drop_requests(s: Scenario) -> Iterator[Scenario]:
+    """Each request dropped; a continuation of it then continues what it continued (or nothing)."""
     for i in range(len(s.requests) - 1, -1, -1):
         if len(s.requests) > 1:
             c = copy.deepcopy(s)
-            del c.requests[i]
+            dropped = c.requests.pop(i)
+            for r in c.requests:
+                if r.continues == i:
+                    r.continues = dropped.continues
+                    if r.continues is None:
+                        _unlink(r)
+                elif r.continues is not None and r.continues > i:
+                    r.continues -= 1
+            yield c
+
+
+def _unlink(r) -> None:
+    """`r` no longer continues anything: an ordinary request with its own tail (at least one token)."""
+    r.continues = r.continue_outputs = None
+    r.unique_len = max(r.unique_len, 1)
+
+
+def _drop_links(s: Scenario) -> Iterator[Scenario]:
+    """Each continuation made an ordinary request (its own tail only, at least one token)."""
+    for i, r in enumerate(s.requests):
+        if r.continues is not None:
+            c = copy.deepcopy(s)
+            _unlink(c.requests[i])
             yield c
 
 
@@ -69,7 +92,9 @@ def _int_fields(s: Scenario) -> Iterator[tuple[Callable[[Scenario], object], str
     for i, r in enumerate(s.requests):
         def req(c, i=i):
             return c.requests[i]
-        yield req, "unique_len", r.unique_len, 1
+        yield req, "unique_len", r.unique_len, 0 if r.continues is not None else 1
+        if r.continue_outputs is not None:
+            yield req, "continue_outputs", r.continue_outputs, 0
         yield req, "max_tokens", r.max_tokens, 1
         yield req, "arrival_step", r.arrival_step, 0
         yield req, "external_tokens", r.external_tokens, 0
@@ -149,7 +174,7 @@ def _simplify_engine(s: Scenario) -> Iterator[Scenario]:
             yield c
 
 
-PASSES = (_drop_requests, _drop_prefixes, _simplify_engine, _shrink_numbers)
+PASSES = (_drop_requests, _drop_links, _drop_prefixes, _simplify_engine, _shrink_numbers)
 
 
 @dataclasses.dataclass

@@ -298,7 +298,7 @@ class _Runner:
         for rid in self.ids:
             req = self.session.request(rid)
             if rid in self.live:  # what vLLM's Request kept: a worker may run past a stop under async
-                self.trace.outputs[rid] = self.live[rid].truth.tokens[self.s.prompt_len(self.live[rid].index):req.num_tokens]
+                self.trace.outputs[rid] = self.live[rid].truth.tokens[req.num_prompt_tokens:req.num_tokens]
             if req is not None and not req.is_finished():
                 self.trace.unfinished.append(rid)
 
@@ -362,11 +362,38 @@ class _Runner:
                 # schedule() may publish the prompt's blocks before any output of this request is
                 # applied (the audit's book otherwise learns hashes after update_from_output)
                 self.book.learn(rid, session.request(rid).block_hashes, truth)
+        if self.plan.pending:
+            self._take_continuations(rec, step)
         aborts = self.plan.aborts(step, self._running) if self.plan.aborts_at else []
         if self.in_flight_aborts:  # arrived during the last step's batch, which applied no output
             aborts += [rid for rid in self._drain_in_flight_aborts() if rid not in aborts]
         if aborts:
             self._abort(rec, aborts)
+
+    def _take_continuations(self, rec: StepRecord, step: int) -> None:
+        """Continuations due at `step` whose earlier request ended: each prompt is the earlier
+        request's prompt plus the tokens the model really generated for it in this run (vLLM's
+        Request holds them: a worker running ahead under async is cut back to them), then its tail."""
+        session = self.session
+        for i, j, rid in self.plan.continuations(step, self._ended):
+            earlier = self.live[self.ids[j]]
+            r = self.s.requests[i]
+            tokens = extend_truth(earlier.truth, earlier.req).tokens[:earlier.req.num_tokens]
+            prompt, n = self.s.continuation_prompt(i, tokens, earlier.req.num_prompt_tokens)
+            truth = PrefixStates(prompt)
+            session.add_request(rid, truth.tokens, r.max_tokens, float(step))  # vLLM gets a copy
+            self.live[rid] = _Live(i, truth, session.request(rid))
+            self.unadmitted.add(rid)
+            rec.arrivals.append(rid)
+            self.trace.continuations[rid] = (self.ids[j], n, truth.at(len(prompt)).fingerprint)
+            self.trace.prompt_lens[rid] = len(prompt)
+            if self.async_mode and self.prefix_caching:
+                self.book.learn(rid, session.request(rid).block_hashes, truth)
+
+    def _ended(self, rid: str) -> bool:
+        """Arrived, and finished or aborted."""
+        live = self.live.get(rid)
+        return live is not None and live.req.is_finished()
 
     def _drain_in_flight_aborts(self) -> list[str]:
         """The aborts queue's requests that are still running; the queue is empty after."""

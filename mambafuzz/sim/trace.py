@@ -128,6 +128,8 @@ class Trace:
     internal_checkpoints: bool = False  # the mamba spec exports internal prefill checkpoints
     # what can end a chunk, for the oracle's mechanism (mambafuzz/checks/oracle.py `mechanism`)
     prompt_lens: dict[str, int] = field(default_factory=dict)
+    # continuations that arrived: request -> (the request it continues, generated tokens it took, its prompt's fingerprint)
+    continuations: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     token_budget: int = 0  # max_num_batched_tokens
     long_prefill_threshold: int = 0  # long_prefill_token_threshold (0: off)
     # efficiency counters, for the differential against a reference split

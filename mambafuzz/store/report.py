@@ -41,6 +41,11 @@ def step_table(trace: Trace) -> str:
         event = trace.batches.get(rec.step)
         if rec.arrivals:
             rows.append(("arrive", " ".join(rec.arrivals)))
+            for rid in rec.arrivals:
+                if rid in trace.continuations:
+                    earlier, n, _ = trace.continuations[rid]
+                    rows.append(("continue", f"{rid} continues {earlier} (+{n} generated tokens; prompt "
+                                             f"{trace.prompt_lens.get(rid, '?')} tokens)"))
         if rec.aborts:
             rows.append(("abort", " ".join(rid + (" (arrived in flight: before update_from_output)"
                                                    if (rec.step, rid) in trace.in_flight_aborts else "")
@@ -99,4 +104,6 @@ def trace_digest(trace: Trace) -> str:
         h.update(repr(sorted(trace.in_flight_aborts)).encode())
     if trace.connector_events:  # saving / multi-step / failing connectors only
         h.update(repr(trace.connector_events).encode())
+    if trace.continuations:  # only runs with continuations, so other digests are what they were
+        h.update(repr(sorted(trace.continuations.items())).encode())
     return h.hexdigest()[:32]

@@ -62,6 +62,10 @@ def case_signature(case: Case) -> str:
         # the exported tests build the tiny model's groups (MAMBA_GROUPS, the standalone template's specs)
         raise ExportError(f"{case.path}: engine.model {case.scenario.engine.model} cannot be exported yet: the exported "
                           "tests build the tiny qwen3_next's KV-cache groups (minimize the case to the default model)")
+    chained = next((i for i, r in enumerate(case.scenario.requests) if r.continues is not None), None)
+    if chained is not None:
+        raise ExportError(f"{case.path}: requests[{chained}] continues an earlier request, whose prompt an exported "
+                          "test cannot write down before a run (not exported yet)")
     meta = case.extra.get("finding")
     if isinstance(meta, dict) and isinstance(meta.get("signature"), str):
         return meta["signature"]
