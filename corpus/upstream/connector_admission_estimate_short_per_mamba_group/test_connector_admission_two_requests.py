@@ -43,7 +43,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-ENGINE = json.loads('{"mamba_block_size": 8, "attn_block_size": 8, "prefix_match_unit": 8, "max_num_batched_tokens": 64, "long_prefill_token_threshold": 0, "max_num_seqs": 4, "num_gpu_blocks": 24, "spec_method": "none", "num_speculative_tokens": 0, "num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 1, "enable_mamba_shared_prefix_checkpoint": false, "prefix_cache_retention_interval": 0, "enable_prefix_caching": true, "pipeline_parallel_size": 1}')
+ENGINE = json.loads('{"mamba_block_size": 8, "attn_block_size": 8, "prefix_match_unit": 8, "max_num_batched_tokens": 64, "long_prefill_token_threshold": 0, "max_num_seqs": 4, "num_gpu_blocks": 24, "spec_method": "none", "num_speculative_tokens": 0, "num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 1, "enable_mamba_shared_prefix_checkpoint": false, "prefix_cache_retention_interval": 0, "enable_prefix_caching": true, "pipeline_parallel_size": 1, "model": "tiny_qwen3_next"}')
 REQUESTS = json.loads('[{"id": "r0", "arrival": 0, "prompt": [694, 738, 373, 313, 91, 512, 673, 355, 648, 531, 24, 529, 261, 322, 256, 332, 200, 737, 333, 126, 618, 459, 688, 785, 405], "max_tokens": 1, "external": 16, "external_async": false, "abort": null}, {"id": "r1", "arrival": 0, "prompt": [990, 746, 557, 900, 638, 572, 467, 815, 922, 689, 414, 932, 944, 294, 340, 129, 958, 789, 458, 119, 949, 20, 556, 500, 984], "max_tokens": 1, "external": 16, "external_async": false, "abort": null}]')  # id, arrival/abort step, prompt ids, max tokens, connector tokens
 NUM_BLOCKS = 24
 MAX_MODEL_LEN = 27

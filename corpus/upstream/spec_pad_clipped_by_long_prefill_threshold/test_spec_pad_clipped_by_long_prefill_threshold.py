@@ -43,7 +43,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-ENGINE = json.loads('{"mamba_block_size": 16, "attn_block_size": 16, "prefix_match_unit": null, "max_num_batched_tokens": 3, "long_prefill_token_threshold": 1, "max_num_seqs": 2, "num_gpu_blocks": null, "spec_method": "mtp", "num_speculative_tokens": 1, "num_prefill_checkpoint_blocks": 0, "prefill_checkpoint_alignment": null, "enable_mamba_shared_prefix_checkpoint": false, "prefix_cache_retention_interval": 0, "enable_prefix_caching": false, "pipeline_parallel_size": 1}')
+ENGINE = json.loads('{"mamba_block_size": 16, "attn_block_size": 16, "prefix_match_unit": null, "max_num_batched_tokens": 3, "long_prefill_token_threshold": 1, "max_num_seqs": 2, "num_gpu_blocks": null, "spec_method": "mtp", "num_speculative_tokens": 1, "num_prefill_checkpoint_blocks": 0, "prefill_checkpoint_alignment": null, "enable_mamba_shared_prefix_checkpoint": false, "prefix_cache_retention_interval": 0, "enable_prefix_caching": false, "pipeline_parallel_size": 1, "model": "tiny_qwen3_next"}')
 REQUESTS = json.loads('[{"id": "r0", "arrival": 1, "prompt": [694], "max_tokens": 1, "external": 0, "external_async": false, "abort": null}, {"id": "r1", "arrival": 0, "prompt": [990], "max_tokens": 2, "external": 0, "external_async": false, "abort": null}]')  # id, arrival/abort step, prompt ids, max tokens, connector tokens
 NUM_BLOCKS = 72
 MAX_MODEL_LEN = 5
