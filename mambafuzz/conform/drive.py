@@ -39,12 +39,7 @@ WORKERS: dict[str, type] = {V1Worker.runner: V1Worker, V2Worker.runner: V2Worker
 def worker_class(name: str) -> type:
     """The conformance worker of the runner registered as `name`; an unknown name, or one without
     a worker here, is a one-line UnknownRunner."""
-    entry = model_runners.get(name)
-    try:
-        return WORKERS[entry.name]
-    except KeyError:
-        raise model_runners.UnknownRunner(f"model runner {name!r} has no conformance worker "
-                                          "(mambafuzz.conform.drive.WORKERS)") from None
+    return model_runners.part_of(WORKERS, name, "conformance worker", "mambafuzz.conform.drive.WORKERS")
 
 
 def _worker_for(runner: str, session: vb.SchedulerSession, num_blocks: int, max_model_len: int):

@@ -12,6 +12,9 @@ fails when a name here lacks either.  Imports nothing: validation and `--help` r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class UnknownRunner(ValueError):
@@ -52,6 +55,16 @@ def get(name: str) -> Runner:
         return RUNNERS[name]
     except (KeyError, TypeError):
         raise UnknownRunner(f"unknown model runner {name!r} ({_one_of()})") from None
+
+
+def part_of(table: dict[str, T], name: str, what: str, where: str) -> T:
+    """The runner registered as `name`'s entry in a layer's own table (its kernel-model rules, its
+    conformance worker); an unknown runner, or one the table lacks, is a one-line UnknownRunner."""
+    entry = get(name)
+    try:
+        return table[entry.name]
+    except KeyError:
+        raise UnknownRunner(f"model runner {name!r} has no {what} ({where})") from None
 
 
 def picked_by_vllm(use_v2_model_runner: bool) -> Runner:

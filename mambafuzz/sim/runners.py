@@ -107,9 +107,4 @@ RULES: dict[str, type] = {V1Runner.name: V1Runner, V2Runner.name: V2Runner}
 def runner_rules(name: str) -> type:
     """The row-fact rules of the runner registered as `name`; an unknown name, or one without
     rules here, is a one-line UnknownRunner."""
-    entry = runners.get(name)
-    try:
-        return RULES[entry.name]
-    except KeyError:
-        raise runners.UnknownRunner(f"model runner {name!r} has no kernel-model rules "
-                                    "(mambafuzz.sim.runners.RULES)") from None
+    return runners.part_of(RULES, name, "kernel-model rules", "mambafuzz.sim.runners.RULES")
