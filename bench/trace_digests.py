@@ -77,7 +77,12 @@ def _before_async(s):
 def rows(generated: int, splits: list[str], scheduling: str | None = None, before_async: bool = False,
          continuations: bool = False):
     for name, scenario in inputs(generated, continuations):
-        scenario = _before_async(scenario) if before_async else with_scheduling(scenario, scheduling)
+        try:
+            scenario = _before_async(scenario) if before_async else with_scheduling(scenario, scheduling)
+        except ScenarioError as exc:  # a mode the scenario cannot run in (pipeline stages need async)
+            for split in splits:
+                yield {"input": name, "split": split, "rejected": "; ".join(exc.problems)}
+            continue
         for split in splits:
             try:
                 ev = evaluate(scenario, split, efficiency=False)

@@ -294,6 +294,18 @@ class CachedMambaEntry:
     claimed_tokens: int | None  # block_hash_num_tokens for a primary key
 
 
+
+class SortedIds(set):
+    """A worker's finished request ids that iterate in sorted order.  vLLM frees the blocks of
+    `finished_sending` (and of finished requests in `finished_recving`) in the order it iterates
+    the set (`Scheduler._update_from_kv_xfer_finished`), and a plain set of str iterates in the
+    order of the process's hash seed: two processes would free, and then allocate, different
+    block ids for the same input.  Any order is one a real worker may report; this one replays."""
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(set.__iter__(self)))
+
+
 class SchedulerSession:
     """One real vLLM Scheduler plus the handles the harness needs to drive and observe it."""
 
@@ -404,11 +416,11 @@ class SchedulerSession:
         req_ids = list(out.num_scheduled_tokens)
         connector_output = None
         if finished_recving or finished_sending:
-            connector_output = KVConnectorOutput(finished_recving=finished_recving or None)
+            connector_output = KVConnectorOutput(finished_recving=SortedIds(finished_recving) or None)
             if failed_recving:
-                connector_output.failed_recving = set(failed_recving)
+                connector_output.failed_recving = SortedIds(failed_recving)
             if finished_sending:
-                connector_output.finished_sending = set(finished_sending)
+                connector_output.finished_sending = SortedIds(finished_sending)
         self.scheduler.update_from_output(
             out,
             ModelRunnerOutput(

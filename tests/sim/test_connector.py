@@ -172,3 +172,54 @@ def test_divergent_hybrid_hits_reach_vllm_and_the_connector_restores_the_mamba_s
     chunk = first_chunk(trace, "r1")
     assert chunk.start == 149 and chunk.read_state == chunk.true_state
     assert evaluate(s, "fixed").verdict.clean
+
+
+# Two saving requests (r0, r3) whose sends finish at the same update_from_output: vLLM frees their
+# blocks in the order it iterates `finished_sending`, and later allocations take those block ids.
+SAME_STEP_SENDS = {
+    "format": "mambafuzz-scenario", "version": 2, "token_seed": 1, "prefixes": [], "acceptance": [],
+    "engine": {"mamba_block_size": 32, "attn_block_size": 32, "max_num_batched_tokens": 13, "max_num_seqs": 3,
+               "async_scheduling": None, "connector_save": True, "connector_send_steps": 3,
+               "connector_failure_policy": "recompute", "connector_divergent_hits": True},
+    "requests": [{"arrival_step": 5, "unique_len": 13, "max_tokens": 8, "external_tokens": 5},
+                 {"arrival_step": 8, "unique_len": 63, "max_tokens": 3},
+                 {"arrival_step": 6, "unique_len": 30, "max_tokens": 5},
+                 {"arrival_step": 4, "unique_len": 36, "max_tokens": 8}],
+}
+
+_DIGEST = """
+import json, sys
+from mambafuzz.search.startup import prepare_process
+prepare_process()
+from mambafuzz.checks.pipeline import evaluate
+from mambafuzz.model.scenario import from_json
+from mambafuzz.store.report import trace_digest
+ev = evaluate(from_json(json.loads(sys.argv[1])), "fixed", efficiency=False)
+print("digest", trace_digest(ev.trace))
+"""
+
+
+def test_finished_sends_free_blocks_in_the_same_order_under_any_hash_seed():
+    """A set of request ids iterates in the order of the process's hash seed; before the bridge
+    handed vLLM sorted ids, hash seeds 0 and 1 gave this case different block ids from step 22 on,
+    so a finding could fail in the worker and replay clean in `repro`."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    digests = set()
+    for seed in ("0", "1"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", _DIGEST, json.dumps(SAME_STEP_SENDS)], env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        digests |= {line for line in out.stdout.splitlines() if line.startswith("digest ")}
+    assert len(digests) == 1, digests
+
+
+def test_finished_ids_iterate_sorted():
+    from mambafuzz.sim.vllm_bridge import SortedIds
+
+    ids = SortedIds({"r3", "r0", "r10", "r2"})
+    assert list(ids) == ["r0", "r10", "r2", "r3"] and "r3" in ids and len(ids) == 4
