@@ -97,6 +97,7 @@ class StaleDeliveryError(SchedulerContractError):
 ROW_WITHIN_TOKENS = "row-within-tokens"  # the row covers tokens its request has
 ROW_VERIFIES_DRAFTS = "row-verifies-drafts"  # drafts follow at least one real token, whose output checks the first
 ROW_STATE_IN_TABLE = "row-state-in-table"  # the mamba block table holds the block the row's state goes to
+ROW_COUNTS_ARE_INTEGERS = "row-counts-are-integers"  # token counts and positions are ints, as the worker indexes with them
 
 
 def check_row(rid: str, start: int, num_tokens: int, num_drafts: int, request_tokens: int,
@@ -106,7 +107,11 @@ def check_row(rid: str, start: int, num_tokens: int, num_drafts: int, request_to
     rollback that left too many tokens computed) made the harness index past the row's outputs,
     and a table without the row's state block (column cdiv(start + num_tokens, block_size) - 1 in
     align mode, 0 with `block_size` None: no prefix caching) past the table: tool failures on a
-    vLLM bug."""
+    vLLM bug.  So did a token count that is not an int (a `/` for a `//` in the split): the worker
+    slices its inputs with it."""
+    if not all(type(v) is int for v in (start, num_tokens)):
+        raise SchedulerContractError(ROW_COUNTS_ARE_INTEGERS, f"{rid} is scheduled for {num_tokens!r} token(s) from "
+                                     f"position {start!r}: the worker indexes its inputs with both")
     end = start + num_tokens - num_drafts
     if not 0 <= start <= end <= request_tokens:
         raise SchedulerContractError(ROW_WITHIN_TOKENS, f"{rid} is scheduled for tokens {start}..{end} "

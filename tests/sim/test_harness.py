@@ -204,6 +204,8 @@ def test_each_rule_of_vllms_row_contract_is_checked_by_name_before_the_harness_u
         ((10, 2, 2, 10, [7], block), harness.ROW_VERIFIES_DRAFTS),
         ((16, 4, 0, 40, [7], block), harness.ROW_STATE_IN_TABLE),
         ((0, 1, 0, 1, [], None), harness.ROW_STATE_IN_TABLE),
+        ((0, 4.0, 0, 10, [7], block), harness.ROW_COUNTS_ARE_INTEGERS),  # a split that divided with `/`
+        ((0.0, 4, 0, 10, [7], block), harness.ROW_COUNTS_ARE_INTEGERS),
     ]
     for args, rule in broken:
         with pytest.raises(harness.SchedulerContractError) as raised:
