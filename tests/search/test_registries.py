@@ -116,6 +116,26 @@ def test_a_runner_without_rules_or_a_conformance_worker_is_a_one_line_error(monk
     assert drive.worker_class("t3") is worker
 
 
+def test_a_test_only_runner_is_held_against_vllms_worker_code_by_the_conformance_tier(t3, monkeypatch):
+    """The whole of a third runner lives in this file: its entry, its kernel-model rules (the
+    fixture) and its conformance worker (V1's worker code under the new name). The conformance
+    tier builds its worker from the registry, tags its rows with its name, and runs its rules."""
+    from mambafuzz.conform import compare, drive, v1
+    from mambafuzz.conform.rows import RowPlan
+
+    monkeypatch.setitem(drive.WORKERS, "t3", type("T3Worker", (v1.V1Worker,), {"runner": "t3"}))
+    planned: list[RowPlan] = []
+    real_step = drive.ConformStep
+
+    def recording_step(step, step_input, plans):
+        planned.extend(plans)
+        return real_step(step, step_input, plans)
+
+    monkeypatch.setattr(drive, "ConformStep", recording_step)
+    assert list(compare.compare(first_chunk_scenario(), ("t3",))) == []
+    assert planned and {p.runner for p in planned} == {"t3"} and t3.calls > 0
+
+
 def test_every_registered_runner_has_rules_and_a_conformance_worker():
     from mambafuzz.conform.drive import WORKERS
     from mambafuzz.sim.runners import RULES
