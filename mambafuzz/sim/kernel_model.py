@@ -33,7 +33,6 @@ and the worker-side rules both runners share (paths inside the installed `vllm`)
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -171,24 +170,21 @@ class KernelModel:
         `spec_row` selects the speculative kernel path (see `is_spec_row`). `truth`, the request's
         true prefix states (whose tokens from `num_computed` on are `tokens` without the drafts),
         only makes extending a state cheaper; it never changes a result. `sample` False skips the
-        outputs (another mamba group's model: the sampler reads the first group's row)."""
+        outputs (another mamba group's model: the sampler reads the first group's row).
+        (The harness's hottest function, once per row and mamba group: lookups are inlined.)"""
         num_tokens = len(tokens)
-        num_real = num_tokens - num_drafts
-
-        def through(state: State, count: int) -> State:
-            """`state` extended by this row's first `count` tokens."""
-            if truth is not None and count <= num_real:
-                return truth.span(state, num_computed, num_computed + count)
-            return state.extend(tokens[:count])
-
         g = self.g
         bs = g.block_size
         seq_len = num_computed + num_tokens
-        accepted = self._num_accepted.get(rid, 1)
+        held = self.held
+        num_accepted = self._num_accepted
+        accepted = num_accepted.get(rid, 1)
         writes: list[tuple[int, int, State, str]] = []
         if g.align:
-            curr = cdiv(seq_len, bs) - 1
-            prev = self._prev_column.get(rid, (num_computed - 1) // bs)
+            curr = -(-seq_len // bs) - 1
+            prev = self._prev_column.get(rid)
+            if prev is None:
+                prev = (num_computed - 1) // bs
             if prev != -1 and prev != curr:
                 src_col = prev + accepted - 1
                 state = self.state_of(table[src_col]) if 0 <= src_col < len(table) else UNSET
@@ -198,27 +194,33 @@ class KernelModel:
             self._prev_column[rid] = curr
         else:  # mamba_cache_mode "none": the request's own blocks, from column 0, no copies
             curr = 0
-        self._num_accepted[rid] = accepted
+        num_accepted[rid] = accepted
 
         if not spec_row:
-            read_col = curr
             block = table[curr]
-            start = self.state_of(block) if num_computed > 0 else EMPTY
+            if num_computed > 0:
+                start = held.get(block)
+                if start is None:
+                    start = self.state_of(block)
+            else:
+                start = EMPTY
             if not num_drafts:  # the sampler reads the last position only
-                final = through(start, num_tokens)
+                final = truth.span(start, num_computed, seq_len) if truth is not None else start.extend(tokens)
                 outputs = [next_token(final, g.vocab_size)] if sample else []
             else:  # ... and every draft position
-                final = through(start, num_real - 1)
+                final = self._through(truth, tokens, start, num_computed, num_tokens - num_drafts - 1, num_drafts)
                 outputs = []
                 for tok in tokens[num_tokens - num_drafts - 1 :]:
                     final = final.extend([tok])
                     if sample:
                         outputs.append(next_token(final, g.vocab_size))
-            if self._write(block, final):  # drafts included: the kernel cannot roll them back
+            if block > g.null_block_id:  # drafts included: the kernel cannot roll them back
+                held[block] = final
+                self.dirty.add(block)
                 writes.append((curr, block, final, "chunk-end+drafts" if num_drafts else "chunk-end"))
             if g.checkpoint_alignment is not None:
-                self._checkpoint(table, num_computed, seq_len, start, writes, through)
-            return RowResult(read_col, block, start, outputs, writes)
+                self._checkpoint(table, num_computed, seq_len, start, writes, truth, tokens, num_drafts)
+            return RowResult(curr, block, start, outputs, writes)
         # the speculative (multi-token) kernel
         read_col = curr + accepted - 1
         start = self.state_of(table[read_col]) if read_col < len(table) else UNSET
@@ -234,8 +236,18 @@ class KernelModel:
                 outputs.append(next_token(state, g.vocab_size))
         return RowResult(read_col, table[read_col] if read_col < len(table) else -1, start, outputs, writes)
 
+    @staticmethod
+    def _through(truth: PrefixStates | None, tokens: list[int], state: State, num_computed: int, count: int,
+                 num_drafts: int) -> State:
+        """`state` extended by the row's first `count` tokens (`tokens`, whose last `num_drafts`
+        are drafts): O(1) from `truth` while they are real tokens."""
+        if truth is not None and count <= len(tokens) - num_drafts:
+            return truth.span(state, num_computed, num_computed + count)
+        return state.extend(tokens[:count])
+
     def _checkpoint(self, table: list[int], num_computed: int, seq_len: int, start: State,
-                    writes: list[tuple[int, int, State, str]], through: Callable[[State, int], State]) -> None:
+                    writes: list[tuple[int, int, State, str]], truth: PrefixStates | None, tokens: list[int],
+                    num_drafts: int) -> None:
         """A prefill row's internal checkpoint, when vLLM's checkpoint rule places one in it."""
         position = get_mamba_prefill_checkpoint_position(
             seq_len, self.g.cache_hit_alignment_tokens, drop_eagle_block=self.g.drop_eagle_block
@@ -247,7 +259,7 @@ class KernelModel:
         ):
             return
         column = cdiv(seq_len, self.g.block_size) - 2
-        state = through(start, position - num_computed)
+        state = self._through(truth, tokens, start, num_computed, position - num_computed, num_drafts)
         if self._write(table[column], state):
             writes.append((column, table[column], state, "checkpoint"))
 
