@@ -52,7 +52,7 @@ def _worker_for(runner: str, session: vb.SchedulerSession, num_blocks: int, max_
 
 def drive(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[ConformStep]:
     """Run `s` through the real scheduler, under the engine core's loop for its scheduling mode
-    (mambafuzz.sim.engine_core.BatchQueue); yield one ConformStep per forward that ran rows, with the
+    (mambafuzz.sim.engine_core.BatchQueue); yield one ConformStep per forward that ran rows or dropped requests, with the
     RowPlans of every runner in `runners` (None: every registered runner). Under async scheduling each row starts
     where the worker really is and its placeholder drafts are the worker's own proposals
     (mambafuzz.sim.constant_worker), as in the harness."""
@@ -79,7 +79,10 @@ def drive(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[Confo
             step_input = StepInput(rows, frozenset(out.finished_req_ids), frozenset(out.preempted_req_ids or ()),
                                    frozenset(out.scheduled_cached_reqs.resumed_req_ids or ()))
             plans = tuple(p for w in workers for p in w.step(step_input))  # empty steps still drop requests
-            if rows:
+            if rows or step_input.finished or step_input.preempted or step_input.resumed:
+                # a step that only drops requests is yielded too: the kernel model must forget
+                # them as vLLM's worker did (a preemption in a step with no rows, under pipeline
+                # stages, left the mirror a stale running column: a false precopy)
                 ran.append(ConformStep(step, step_input, plans))
 
         queue.step(session, forward, lambda batch, step=step: bare.apply(batch, step))

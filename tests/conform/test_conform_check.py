@@ -58,6 +58,14 @@ def test_a_copy_into_a_block_a_preempted_request_used_to_hold_is_the_rows_own():
     assert list(conform_check.compare(load_case(case).scenario, ("v1",))) == []
 
 
+def test_a_preemption_in_a_step_without_rows_is_forgotten_by_the_kernel_model_too():
+    """Under two pipeline stages r1 is preempted in a step that schedules no rows and re-admitted
+    from 0; vLLM's V2 worker forgets it there, so the compared kernel model must see that step
+    (it once kept r1's old running column and pre-copied: corpus/conformance note)."""
+    case = UPSTREAM.parent / "conformance" / "v2_preemption_in_a_step_without_rows.json"
+    assert list(conform_check.compare(load_case(case).scenario, ("v2",))) == []
+
+
 # ---- row kinds on hand-built steps (what the builder-only check, fuzz/conform.py, held) ------------------
 # One request per history, one row per step: (computed, scheduled, drafts, prompt tokens, sampled). The
 # last row is the kind named; the rows before it give it its history (an accepted count of 2).
