@@ -18,9 +18,20 @@ entry is logged once (request, slot, block, claimed and held offsets); the runni
 logged every `MAMBAFUZZ_AUDIT_EVERY` steps (default 100) and exported as the Prometheus
 counter `mambafuzz_poisoned_mamba_blocks_total` when prometheus_client is importable and the
 scheduler logs stats.  Limits: a KV connector is trusted to load the true state of the
-tokens it claims (its load is modelled as that write), spec decode assumes synchronous
-scheduling, and an entry whose hash the bounded hash book no longer knows is counted
-(`unjudged`), not judged.
+tokens it claims (its load is modelled as that write), and an entry whose hash the bounded
+hash book no longer knows is counted (`unjudged`), not judged.
+
+Each batch's worker side is replayed when its output comes back (`update_from_output`), not
+when it is scheduled.  Under async scheduling (vLLM's `AsyncScheduler`, batches in flight) the
+scheduler hands out a decode row before the token it runs on exists on the scheduler side: the
+worker takes that token from the previous batch's sampled ids on the device
+(`gpu_model_runner._prepare_input_ids`), its drafts are `-1` placeholders the worker fills
+itself, and the row starts where the worker corrects the scheduler's optimistic count
+(`deferred_spec_decode_corrections`).  When the batch's output arrives, every batch before it
+has been applied, so the request holds the row's tokens, the sampled ids give the accepted
+drafts, and the earlier batches' rejections give the correction.  Batches are replayed in the
+order they were scheduled (the order the engine core applies them), and a publication is
+judged once every batch scheduled before it has been replayed, as the harness judges it.
 """
 
 from __future__ import annotations
@@ -74,6 +85,33 @@ class Poisoned:
 class _Pending:
     key: Any  # BlockHashWithGroupId
     block_id: int
+    after: int = 0  # judged once this many batches have been replayed (those scheduled by then)
+    # (primary, block_hash_num_tokens) when an engine step last ended with it cached; None: not yet
+    at_step_end: tuple[bool, int | None] | None = None
+
+
+@dataclass(eq=False)
+class _Row:
+    """One scheduled row, as the scheduler handed it out (replayed when its output returns)."""
+
+    rid: str
+    req: Any  # vLLM's Request (kept: the scheduler may free it before the output returns)
+    truth: Any  # PrefixStates of the request
+    start: int  # the scheduler's num_computed_tokens before the row (optimistic under async)
+    n: int
+    drafts: list[int]  # as scheduled (-1: a placeholder the worker fills)
+    tables: list[list[int]]  # block tables at schedule time, in model order
+    num_prompt_tokens: int
+    prefill_len: int
+    load: bool  # a connector load at admission lands before the row
+
+
+@dataclass(eq=False)
+class _Batch:
+    out: Any  # SchedulerOutput
+    rows: list[_Row]
+    before: list[_Batch]  # batches still in flight when it was scheduled
+    rejected: dict[str, int] = field(default_factory=dict)  # drafts each row had rejected (after replay)
 
 
 @dataclass
@@ -90,12 +128,13 @@ class SchedulerAudit:
     auditors: dict[int, Any]  # mamba group id -> mambafuzz.sim.cache_audit.BlockAuditor
     truths: dict[str, Any] = field(default_factory=dict)  # live request id -> PrefixStates
     pending: list[_Pending] = field(default_factory=list)
+    in_flight: list[_Batch] = field(default_factory=list)  # scheduled, output not back yet, oldest first
+    scheduled: int = 0  # schedule() calls
+    replayed: int = 0  # batches replayed
     poisoned: list[Poisoned] = field(default_factory=list)
     checked: int = 0
     unjudged: int = 0  # published under a hash the bounded book had dropped
     steps: int = 0
-    # spec-decode rows of the step: rid -> (start, n, drafts, block tables at schedule time in model order)
-    spec_rows: dict[str, tuple[int, int, int, list[list[int]]]] = field(default_factory=dict)
     external_loads: set[str] = field(default_factory=set)  # admitted with connector tokens, not yet run
     prefill_len: dict[str, int] = field(default_factory=dict)  # tokens at the last (re)admission (V2)
 
@@ -129,6 +168,9 @@ def install() -> None:
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         audit = _audit_for(self)
+        if audit is not None:
+            _safely(_step_ended, self, audit)
+            audit.scheduled += 1
         out = orig_schedule(self, *args, **kwargs)
         if audit is not None:
             _safely(_after_schedule, self, audit, out)
@@ -136,14 +178,13 @@ def install() -> None:
 
     def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
         audit = getattr(self, _ATTR, None)
-        # read before vLLM consumes them: update_from_output may trim the sampled lists
-        accepted = _accepted_counts(audit, model_runner_output) if audit is not None else {}
-        if audit is not None:
+        if audit is not None:  # before vLLM consumes the output: update_from_output may trim the sampled lists
+            _safely(_replay, self, audit, scheduler_output, model_runner_output)
             _safely(_async_loads_done, self, audit, model_runner_output)
         result = orig_update(self, scheduler_output, model_runner_output)
         audit = getattr(self, _ATTR, None)
         if audit is not None:
-            _safely(_after_update, self, audit, accepted)
+            _safely(_after_update, self, audit)
         return result
 
     def insert_block_hash(self: Any, key: Any, block: Any, num_tokens: int | None) -> None:
@@ -152,7 +193,7 @@ def install() -> None:
             block.block_hash == key or self.cached_block_hash_to_block.contain(key, block.block_id))
         orig_insert(self, key, block, num_tokens)
         if fresh:  # a publication (again, after an eviction or a reset, is a new one)
-            audit.pending.append(_Pending(key, block.block_id))
+            audit.pending.append(_Pending(key, block.block_id, audit.scheduled))
 
     def allocate_slots(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         blocks = orig_allocate(self, request, *args, **kwargs)
@@ -302,51 +343,79 @@ def _learn(audit: SchedulerAudit, req: Any, truth: Any) -> None:
 
 
 def _after_schedule(sched: Any, audit: SchedulerAudit, out: Any) -> None:
-    """Apply what the worker does with this SchedulerOutput, in the worker's order."""
-    mirror = audit.mirror
-    mirror.before_forward(out)
-    audit.spec_rows.clear()
+    """Record what the worker is handed (it runs when the output comes back: `_replay`)."""
     for new_req in out.scheduled_new_reqs:  # V2 hands resumed requests over as new ones too
         req = sched.requests.get(new_req.req_id)
         if req is not None:
             audit.prefill_len[new_req.req_id] = req.num_tokens
-    mirror.begin_step(out.num_scheduled_tokens)
     spec = out.scheduled_spec_decode_tokens
+    rows = []
     for rid, n in out.num_scheduled_tokens.items():
         req = sched.requests.get(rid)
         if req is None:
             continue
-        drafts = list(spec.get(rid, ()))
-        start = req.num_computed_tokens - n  # schedule() already advanced it
         truth = _truth(audit, req)
         _learn(audit, req, truth)
-        tables = _tables(sched, audit, rid)
-        if rid in audit.external_loads:
-            audit.external_loads.discard(rid)
-            if start > 0:  # the connector put the state of the first `start` tokens in that column
-                mirror.load(tables, start, truth.at(start))
-        mirror.run_row(rid, tables, start, n, drafts, truth, req.num_prompt_tokens,
-                       audit.prefill_len.get(rid, req.num_prompt_tokens))
-        if audit.spec_engine:  # post-processed after the forward, with these tables (a finished
-            audit.spec_rows[rid] = (start, n, len(drafts), tables)  # request's blocks are freed by then)
+        load = rid in audit.external_loads
+        audit.external_loads.discard(rid)
+        rows.append(_Row(rid, req, truth, req.num_computed_tokens - n,  # schedule() already advanced it
+                         n, list(spec.get(rid, ())), _tables(sched, audit, rid), req.num_prompt_tokens,
+                         audit.prefill_len.get(rid, req.num_prompt_tokens), load))
+    audit.in_flight.append(_Batch(out, rows, list(audit.in_flight)))
     for rid in out.finished_req_ids:
         audit.truths.pop(rid, None)
         audit.book.forget(rid)
         audit.prefill_len.pop(rid, None)
 
 
-def _accepted_counts(audit: SchedulerAudit, model_output: Any) -> dict[str, int]:
-    """Tokens each spec-decode row kept this step (at least 1, as the worker counts them)."""
-    if not audit.spec_rows:
-        return {}
-    from mambafuzz.sim.worker_mirror import accepted_count
+def worker_drafts(scheduled: list[int], sampled: list[int] | None) -> list[int]:
+    """The draft tokens a row ran, as far as its output tells: the drafts it kept are its sampled
+    tokens; a rejected draft keeps what was scheduled (under async a `-1` placeholder, which,
+    like the worker's real proposal, differs from the token the model chose)."""
+    kept = len(sampled) - 1 if sampled else 0
+    return [sampled[i] if i < kept else d for i, d in enumerate(scheduled)]  # type: ignore[index]
 
+
+def _replay(sched: Any, audit: SchedulerAudit, out: Any, model_output: Any) -> None:
+    """The worker's side of the batch whose output is back, in the worker's order: before the
+    forward, the rows (from where the worker starts them, on the tokens it ran), then the
+    post-processing of a spec-decode engine."""
+    from mambafuzz.sim.engine_core import in_flight_corrections
+    from mambafuzz.sim.worker_mirror import accepted_count, extend_truth
+
+    at = next((i for i, b in enumerate(audit.in_flight) if b.out is out), None)
+    if at is None:  # scheduled before the audit attached
+        return
+    batch = audit.in_flight[at]
+    del audit.in_flight[:at + 1]  # the engine core applies batches oldest first: at is 0
+    audit.replayed += 1
+    mirror = audit.mirror
+    mirror.before_forward(out)
+    mirror.begin_step(out.num_scheduled_tokens)
+    rejected = [b.rejected for b in batch.before if b.rejected]
+    batch.before = []  # replayed: no batch needs them again (keeps the chain of batches short)
+    correction = in_flight_corrections(rejected, out, set(out.preempted_req_ids or ())) if rejected else {}
     index, sampled = model_output.req_id_to_index, model_output.sampled_token_ids or []
-    counts = {}
-    for rid in audit.spec_rows:
-        i = index.get(rid)
-        counts[rid] = accepted_count(sampled[i] if i is not None and i < len(sampled) else None)
-    return counts
+    post = []
+    for row in batch.rows:
+        i = index.get(row.rid)
+        tokens = list(sampled[i]) if i is not None and i < len(sampled) and sampled[i] else []
+        start = row.start - correction.get(row.rid, 0)
+        truth = extend_truth(row.truth, row.req)
+        if row.load and start > 0:  # the connector put the state of the first `start` tokens there
+            mirror.load(row.tables, start, truth.at(start))
+        drafts = worker_drafts(row.drafts, tokens)
+        mirror.run_row(row.rid, row.tables, start, row.n, drafts, truth, row.num_prompt_tokens, row.prefill_len)
+        end = start + row.n - len(drafts)
+        have = len(truth.tokens)
+        if tokens and end <= have < end + len(tokens):  # tokens vLLM may trim at a stop still ran
+            truth.append(tokens[have - end:])
+        if drafts and tokens:
+            batch.rejected[row.rid] = len(drafts) + 1 - len(tokens)
+        if audit.spec_engine:  # post-processed after the forward, with these tables
+            post.append((row, start, len(drafts), accepted_count(tokens)))
+    for row, start, num_drafts, accepted in post:
+        mirror.postprocess(row.rid, row.tables, start, row.n, num_drafts, accepted)
 
 
 def _async_loads_done(sched: Any, audit: SchedulerAudit, model_output: Any) -> None:
@@ -361,32 +430,60 @@ def _async_loads_done(sched: Any, audit: SchedulerAudit, model_output: Any) -> N
                           _truth(audit, req).at(req.num_computed_tokens))
 
 
-def _after_update(sched: Any, audit: SchedulerAudit, accepted: dict[str, int]) -> None:
+def _after_update(sched: Any, audit: SchedulerAudit) -> None:
     audit.steps += 1
-    for rid, (start, n, drafts, tables) in audit.spec_rows.items():
-        audit.mirror.postprocess(rid, tables, start, n, drafts, accepted.get(rid, 1))
     for req in list(sched.requests.values()):  # tokens appended this step extend the truth
         if req.request_id in audit.truths:
             _learn(audit, req, _truth(audit, req))
     judge_blocks(sched, audit)
+    _step_ended(sched, audit)
     if audit.steps % audit.every == 0:
         logger.info("step %d: %d mamba prefix-cache entries checked, %d poisoned", audit.steps, audit.checked,
                     audit.count)
 
 
+def _step_ended(sched: Any, audit: SchedulerAudit) -> None:
+    """An engine step may have ended (the next schedule() begins, or an output was applied): the
+    publications still waiting for their writers count as published if cached now, as the
+    harness counts the entries cached at the end of a step, even if a later step drops them."""
+    if not audit.pending:
+        return
+    pool = sched.kv_cache_manager.block_pool
+    cache = pool.cached_block_hash_to_block
+    for p in audit.pending:
+        if cache.contain(p.key, p.block_id):
+            block = pool.blocks[p.block_id]
+            primary = block.block_hash == p.key
+            p.at_step_end = (primary, block.block_hash_num_tokens if primary else None)
+
+
 def judge_blocks(sched: Any, audit: SchedulerAudit) -> None:
-    """Judge this step's publications on mamba blocks still cached, each key once."""
+    """Judge the publications whose writers have been replayed (every batch scheduled by the
+    time of the publication), each key once: those still cached, and those an engine step ended
+    with (dropped since, while their writers were in flight), as they were then."""
     from mambafuzz.checks.oracle import holds_other_state, slot_hash_poisoned
     from mambafuzz.sim.vllm_compat.api import get_block_hash, get_group_id
 
-    pending, audit.pending = audit.pending, []
+    ready = audit.replayed
+    pending = [p for p in audit.pending if p.after <= ready]
+    if not pending:
+        return
+    audit.pending = [p for p in audit.pending if p.after > ready]
     pool = sched.kv_cache_manager.block_pool
     cache = pool.cached_block_hash_to_block
     seen: set[tuple[Any, int]] = set()
     for p in pending:
         gid = get_group_id(p.key)
         auditor = audit.auditors.get(gid)
-        if auditor is None or (p.key, p.block_id) in seen or not cache.contain(p.key, p.block_id):
+        if auditor is None or (p.key, p.block_id) in seen:
+            continue
+        if cache.contain(p.key, p.block_id):
+            block = pool.blocks[p.block_id]
+            primary = block.block_hash == p.key
+            recorded = block.block_hash_num_tokens if primary else None
+        elif p.at_step_end is not None:
+            primary, recorded = p.at_step_end
+        else:
             continue  # not a mamba group, or published and dropped again within the step
         seen.add((p.key, p.block_id))
         block_hash = bytes(get_block_hash(p.key))
@@ -394,9 +491,7 @@ def judge_blocks(sched: Any, audit: SchedulerAudit) -> None:
             audit.unjudged += 1
             continue
         audit.checked += 1
-        block = pool.blocks[p.block_id]
-        primary = block.block_hash == p.key
-        e = auditor.entry(block_hash, p.block_id, primary, block.block_hash_num_tokens if primary else None, True)
+        e = auditor.entry(block_hash, p.block_id, primary, recorded, True)
         if not slot_hash_poisoned(e):
             continue
         claimed, held = e.claimed.num_tokens, e.held.num_tokens

@@ -83,15 +83,24 @@ class BatchQueue:
         same position. With pipeline parallelism (V2 only) the batch a row's request was last in may
         be any of the in-flight ones (`decode_stagger` keeps it out of the next `stages - 1`), so
         every unapplied batch counts. Call it before `out`'s forward, while `out` is not queued."""
-        pending = [b for b in self.in_flight if b.rejected]  # forwarded, not applied (apply pops them)
+        pending = [b.rejected for b in self.in_flight if b.rejected]  # forwarded, not applied (apply pops them)
         if not pending:
             return {}
-        rejected: dict[str, int] = {}
-        for batch in pending:
-            for rid, n in batch.rejected.items():
-                rejected[rid] = rejected.get(rid, 0) + n
-        resumed = out.scheduled_cached_reqs.resumed_req_ids
-        if not out.preempted_req_ids and not resumed:
-            return rejected
-        dropped = session.preempted(out) | set(resumed or ())
-        return {rid: n for rid, n in rejected.items() if rid not in dropped}
+        return in_flight_corrections(pending, out, session.preempted(out))
+
+
+def in_flight_corrections(rejected_per_batch: list[dict[str, int]], out: Any, preempted: set[str]) -> dict[str, int]:
+    """The rule of `BatchQueue.worker_corrections` on plain data (the runtime audit plugin keeps its
+    own in-flight batches): the drafts each request had rejected in the batches still in flight
+    when `out` was scheduled, except for requests `out` drops (preempted or resumed)."""
+    rejected: dict[str, int] = {}
+    for batch in rejected_per_batch:
+        for rid, n in batch.items():
+            rejected[rid] = rejected.get(rid, 0) + n
+    if not rejected:
+        return {}
+    resumed = out.scheduled_cached_reqs.resumed_req_ids
+    if not out.preempted_req_ids and not resumed:
+        return rejected
+    dropped = preempted | set(resumed or ())
+    return {rid: n for rid, n in rejected.items() if rid not in dropped}

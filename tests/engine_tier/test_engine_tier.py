@@ -237,9 +237,12 @@ def _harness_poisoned(trace) -> int:
     return MAMBA_GROUPS * sum(1 for st in trace.steps for c in st.cache if c.new and slot_hash_poisoned(c))
 
 
-def test_audit_counts_what_the_harness_oracle_counts(audit):
+@pytest.mark.parametrize("mode", ["recorded", "sync", "async"])
+def test_audit_counts_what_the_harness_oracle_counts(audit, mode):
     """On the harness's scheduler (no engine): the plugin's count of poisoned mamba entries,
-    from the scheduler side alone, equals the oracle's count from the kernel model."""
+    from the scheduler side alone, equals the oracle's count from the kernel model, in each
+    scheduling mode (every case as recorded, then all synchronous, then all async)."""
+    from mambafuzz.model.scenario import ScenarioError, with_scheduling
     from mambafuzz.sim import harness, splits
     from mambafuzz.store import corpus
 
@@ -248,6 +251,11 @@ def test_audit_counts_what_the_harness_oracle_counts(audit):
     total = 0
     for path in cases:
         s = corpus.load_case(path).scenario
+        if mode != "recorded":
+            try:
+                s = with_scheduling(s, mode)
+            except ScenarioError:  # pipeline stages need async scheduling
+                continue
         for split in ("fixed", "prefix", "realign"):
             trace = harness.run(s, splits.resolve(split), split)
             got = audit.RECENT[-1].count
@@ -256,6 +264,46 @@ def test_audit_counts_what_the_harness_oracle_counts(audit):
             if split == "fixed" and "seeds" in path:
                 assert got == 0, path
     assert total > 0  # the regressions poison under prefix/realign (with MTP)
+
+
+# Decode completes a mamba block past the prompt (40 tokens, block 64); with dense retention the block at 64 is
+# published while rows run on tokens the scheduler has not received yet under async scheduling.
+DECODE_CROSSES = Scenario(engine=EngineConfig(mamba_block_size=64, attn_block_size=64, max_num_batched_tokens=128,
+                                              prefix_cache_retention_interval=None,  # dense: decode-written blocks too
+                                              async_scheduling=True),
+                          requests=[RequestSpec(unique_len=40, max_tokens=40)])
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_audit_replays_async_rows_on_the_tokens_the_worker_ran(audit, k):
+    """Under async scheduling a decode row is scheduled before the token it runs on reaches the
+    scheduler (the worker takes it from the previous batch on the device), and with MTP its drafts
+    are -1 placeholders and its start is the scheduler's optimistic count. The plugin replays
+    each batch when its output comes back; replayed at schedule time, it saw no token and judged
+    the decode-written block at 64 poisoned (corpus/seeds/multi_turn_continuation.json and
+    retry_after_abort.json under async)."""
+    import dataclasses
+
+    from mambafuzz.sim import harness
+
+    s = DECODE_CROSSES
+    if k:
+        s = dataclasses.replace(s, engine=dataclasses.replace(s.engine, spec_method="mtp", num_speculative_tokens=k),
+                                acceptance=[2, 1, 0])
+    trace = harness.run(s)
+    assert trace.async_scheduling and trace.crash is None
+    a = audit.RECENT[-1]
+    assert a.checked > 0 and a.count == _harness_poisoned(trace) == 0, [p.describe() for p in a.poisoned]
+    assert not a.in_flight and not a.pending  # every batch replayed, every publication judged
+
+
+def test_worker_drafts_are_the_kept_tokens_then_what_was_scheduled():
+    from mambafuzz.engine_tier.audit_plugin import worker_drafts
+
+    assert worker_drafts([-1, -1], [7, 8, 9]) == [7, 8]  # both kept, then the bonus token
+    assert worker_drafts([-1, -1], [7]) == [-1, -1]  # the first rejected
+    assert worker_drafts([5, 6], [5, 9]) == [5, 6]  # synchronous: the real drafts
+    assert worker_drafts([-1, -1], None) == [-1, -1]
 
 
 def test_audit_counts_a_poisoning_split_without_spec_decode(audit):
@@ -380,6 +428,28 @@ def test_audit_on_the_engine(engine_cache, audit):
     a = audit.audit_of(handle.scheduler)
     assert a.count == 3
     assert {(p.group, p.claimed_tokens, p.held_tokens) for p in a.poisoned} == {(g, 256, 200) for g in (0, 1, 2)}
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("k", [0, 1])
+def test_audit_on_an_async_engine_judges_decode_written_blocks_clean(engine_cache, audit, k):
+    """The plugin inside a real engine core running the AsyncScheduler with a batch queue of 2:
+    decode completes the block at 256 (dense retention), whose rows ran on tokens the scheduler
+    had not received when it scheduled them. Nothing is poisoned on the fixed split."""
+    import dataclasses
+
+    from mambafuzz.engine_tier.engine_repro import replay
+
+    e = _engine(prefix_cache_retention_interval=None, async_scheduling=True)
+    if k:
+        e = dataclasses.replace(e, spec_method="mtp", num_speculative_tokens=k)
+    s = Scenario(engine=e, requests=[RequestSpec(unique_len=200, max_tokens=80)], acceptance=[0])
+    handle = engine_cache.get_engine(engine_cache.EngineSpec.for_scenario(s, True))
+    replay(handle, s)
+    assert type(handle.scheduler).__name__ == "AsyncScheduler"
+    a = audit.audit_of(handle.scheduler)
+    assert a is not None and a.checked > 0 and a.count == 0, [p.describe() for p in a.poisoned]
+    assert a.scheduled - a.replayed <= 1  # the replay does not wait for the queue's last batch
 
 
 @pytest.mark.engine
