@@ -11,9 +11,10 @@ outputs stay right, only cache efficiency changes, which campaigns do not judge)
 missed, each with its argument and evidence), keyed by mutant id and the function's source digest, so a
 changed vLLM shows a classification as stale instead of reusing it.
 
-    python bench/mutation_run.py --targets split [MambaManager ...] [--mutants ID ...]
+    python bench/mutation_run.py --targets split [MambaManager coordinator allocate_slots get_computed_blocks
+        schedule update_from_output ...] [--mutants ID ...]
         [--sample N [--sample-seed 21]] [--max-time 30] [--generator random] [--parallel 1] [--shard K/N] [--jsonl OUT]
-        [--keep DIR] [--list] [--table] [--replay-survivors DIR ...]
+        [--keep DIR] [--list [--statements]] [--table] [--replay-survivors DIR ...]
 
 `--jsonl` appends one line per mutant and skips mutants already there (same id, digest,
 generator and budget), so a run resumes; shards (`--shard K/N`, mutant index mod N) run on
@@ -197,6 +198,20 @@ def table(rows: list[dict], generated: Counter) -> str:
     return "\n".join(out)
 
 
+def print_list(mt, targets: list[str], chosen: list, with_statements: bool) -> None:
+    """Per function: kept / generated (what mamba_statements' rule selects of mutmut's mutants;
+    `whole` when the function is kept whole), then each chosen mutant."""
+    for t in mt.expand(targets):
+        kept = len(mt.mutants_of(t))
+        how = "whole" if mt.kept_whole(t) else "mamba statements"
+        print(f"# {t.partition(':')[2]:58} {kept:4} of {mt.count_all(t):4} ({how}, digest {mt.digest(t)})")
+        if with_statements and not mt.kept_whole(t):
+            for line, k, text in mt.statements(t):
+                print(f"#     {line:5} x{k:<3} {text[:110]}")
+    for m in chosen:
+        print(f"{m.id}  line {m.line}  {m.change[:150]}")
+
+
 def main() -> int:
     from mambafuzz.tools import mutation as mt
 
@@ -214,7 +229,10 @@ def main() -> int:
     p.add_argument("--keep", metavar="DIR", help="copy each campaign's first finding here")
     p.add_argument("--replay-survivors", nargs="+", metavar="DIR",
                    help="replay every case under DIRs against each survivor in --jsonl (no campaigns)")
-    p.add_argument("--list", action="store_true", help="list the mutants and exit")
+    p.add_argument("--list", action="store_true",
+                   help="list each function's count (kept of generated) and the mutants, and exit")
+    p.add_argument("--statements", action="store_true",
+                   help="with --list: also the lines of vLLM the kept mutants change, per function")
     p.add_argument("--table", action="store_true", help="only print the table of what --jsonl holds")
     args = p.parse_args()
     try:
@@ -234,8 +252,7 @@ def main() -> int:
         chosen = [m for i, m in enumerate(chosen) if i in picked]
     chosen = [m for i, m in enumerate(chosen) if i % n == k - 1]
     if args.list:
-        for m in chosen:
-            print(f"{m.id}  line {m.line}  {m.change[:150]}")
+        print_list(mt, args.targets, chosen, args.statements)
         return 0
     fn_of = {m.target: m.target.partition(":")[2] for m in every}
     generated = Counter(fn_of[m.target] for m in every)
