@@ -11,10 +11,8 @@ stays on disk, and a report shows each group once:
   Minimized cases share the smallest geometry that keeps them failing (the minimizer's geometry
   pass), which is what lets one case run under another's config.
 
-A finding joins every group that a member of has its mechanism, or one of whose mechanisms (its
-first member with it) a replay links it to; groups it joins become one (the links chain), so the
-groups do not depend on the order the findings came in. Minimized cases are small, so a replay
-costs milliseconds. Groups are
+A finding joins the first group a member of which has its mechanism, else the first group whose
+first member a replay links it to; groups are
 written to FINDINGS/root-causes.jsonl (one group a line; not `*.json`, which names scenario
 files) by the campaign, which replays under the campaign's own vLLM and patches, so the CI
 report can show them without replaying anything.
@@ -80,30 +78,22 @@ def link(first: Member, second: Member, replay: Replay | None) -> str | None:
 def group(found: list[Member], replay: Replay | None = None) -> list[dict]:
     """Groups in order of their first member: `{"root": path, "members": [{"path", "signature",
     "fine_signature", "why"}]}`, the root's `why` being "root"."""
-    groups: list[tuple[list[Member], list[dict]]] = []  # (one member per mechanism, rows)
+    groups: list[tuple[Member, list[dict]]] = []
     for m in found:
         entry = {"path": str(m.path), "signature": m.signature, "fine_signature": m.fine_signature}
-        key = (m.signature, m.fine_signature)
-        linked: list[tuple[int, str]] = []  # (group, why) for every group `m` links to
-        for i, (reps, _) in enumerate(groups):
-            if any((r.signature, r.fine_signature) == key for r in reps):
-                linked.append((i, "mechanism"))
-        if not linked:  # a new mechanism: replay it against each group's mechanisms
-            linked = [(i, "replay") for i, (reps, _) in enumerate(groups) if any(link(r, m, replay) for r in reps)]
-        if not linked:
-            groups.append(([m], [{**entry, "why": "root"}]))
+        mechanism = [rows for _, rows in groups
+                     if any((r["signature"], r["fine_signature"]) == (m.signature, m.fine_signature) for r in rows)]
+        if mechanism:
+            mechanism[0].append({**entry, "why": "mechanism"})
             continue
-        (first, why), *others = linked
-        reps, rows = groups[first]
-        if why == "replay":
-            reps.append(m)
-        rows.append({**entry, "why": why})
-        for i, other_why in others:  # `m` links these groups too: one cause explains them all
-            other_reps, other_rows = groups[i]
-            reps += other_reps
-            rows += [{**r, "why": f"{other_why} via {m.path.name}"} if r["why"] == "root" else r for r in other_rows]
-        groups = [g for i, g in enumerate(groups) if i not in {j for j, _ in others}]
-    return [{"root": rows[0]["path"], "members": rows} for _, rows in groups]
+        for root, rows in groups:
+            why = link(root, m, replay)
+            if why is not None:
+                rows.append({**entry, "why": why})
+                break
+        else:
+            groups.append((m, [{**entry, "why": "root"}]))
+    return [{"root": str(root.path), "members": rows} for root, rows in groups]
 
 
 def write(findings: Path, groups: list[dict]) -> Path:

@@ -79,22 +79,3 @@ def test_a_finding_with_a_members_mechanism_joins_that_group_without_a_replay(tm
     assert [[(m["path"].rsplit("/", 1)[1], m["why"]) for m in g["members"]] for g in groups] == [
         [("a.json", "root"), ("c.json", "replay"), ("f.json", "mechanism")]]
     assert len(replays) == 1  # c linked on its first replay; f by a lookup
-
-
-def test_a_replay_link_to_any_mechanism_of_a_group_joins_it_whatever_the_order(tmp_path):
-    """a's case reaches c's symptom, and g's case reaches c's but not a's: g belongs with c, found
-    before or after a."""
-    d = tmp_path / "findings"
-    paths = [_file(d, "a", "slot_hash:short", "slot_hash:short|mid-block,fresh,chunk-end", 1),
-             _file(d, "c", "stale_read:short", "stale_read:short|decode,fresh,chunk-end", 3),
-             _file(d, "g", "stall:liveness", "stall:liveness", 7)]
-    found = grouping.members(paths)
-    found[1] = dataclasses.replace(found[1], scenario=dataclasses.replace(
-        found[1].scenario, engine=dataclasses.replace(found[1].scenario.engine, max_num_seqs=3)))
-
-    def replay(scenario, split):  # c's config is the one with 3 sequences
-        return "stale_read:short" if scenario.token_seed in (1, 7) and scenario.engine.max_num_seqs == 3 else None
-
-    for order in ([0, 1, 2], [1, 2, 0], [2, 0, 1]):
-        groups = grouping.group([found[i] for i in order], replay)
-        assert len(groups) == 1 and len(groups[0]["members"]) == 3, order
