@@ -4,15 +4,11 @@ A campaign deduplicates by fine signature, so one planted bug can file many find
 the pre-fix split), each a distinct symptom. Two cheap, sound rules join them; every member
 stays on disk, and a report shows each group once:
 - `mechanism`: the same coarse signature and the same mechanism of the minimized case (a
-  finding's `fine_signature` is its minimized case's) as any member of the group (a lookup, no
-  replay: the campaign's own dedup treats one fine signature as one finding);
+  finding's `fine_signature` is its minimized case's);
 - `replay`: one finding's minimized case, replayed under the other's engine config, shows the
   other's signature (either way round): the first case's requests reach the second symptom.
-  Minimized cases share the smallest geometry that keeps them failing (the minimizer's geometry
-  pass), which is what lets one case run under another's config.
 
-A finding joins the first group a member of which has its mechanism, else the first group whose
-first member a replay links it to; groups are
+A finding joins the first group whose first member either rule links it to; groups are
 written to FINDINGS/root-causes.jsonl (one group a line; not `*.json`, which names scenario
 files) by the campaign, which replays under the campaign's own vLLM and patches, so the CI
 report can show them without replaying anything.
@@ -81,11 +77,6 @@ def group(found: list[Member], replay: Replay | None = None) -> list[dict]:
     groups: list[tuple[Member, list[dict]]] = []
     for m in found:
         entry = {"path": str(m.path), "signature": m.signature, "fine_signature": m.fine_signature}
-        mechanism = [rows for _, rows in groups
-                     if any((r["signature"], r["fine_signature"]) == (m.signature, m.fine_signature) for r in rows)]
-        if mechanism:
-            mechanism[0].append({**entry, "why": "mechanism"})
-            continue
         for root, rows in groups:
             why = link(root, m, replay)
             if why is not None:

@@ -57,25 +57,3 @@ def test_the_ci_summary_and_sarif_show_each_root_cause_once_and_pre_existing_as_
     assert [r["level"] for r in results] == ["error", "error", "note"]
     assert len(results[0]["relatedLocations"]) == 2 and "3 findings, one root cause" in results[0]["message"]["text"]
     assert all(p.exists() for p in paths)  # every member stays on disk
-
-
-def test_a_finding_with_a_members_mechanism_joins_that_group_without_a_replay(tmp_path):
-    """f has c's signature and mechanism; a's case reaches c's symptom under c's config only (f's
-    config differs), so only the member rule can put f beside c."""
-    d = tmp_path / "findings"
-    paths = [_file(d, "a", "slot_hash:short", "slot_hash:short|mid-block,fresh,chunk-end", 1),
-             _file(d, "c", "stale_read:short", "stale_read:short|decode,fresh,chunk-end", 3),
-             _file(d, "f", "stale_read:short", "stale_read:short|decode,fresh,chunk-end", 6)]
-    found = grouping.members(paths)
-    found[2] = dataclasses.replace(found[2], scenario=dataclasses.replace(
-        found[2].scenario, engine=dataclasses.replace(found[2].scenario.engine, max_num_seqs=3)))
-    replays = []
-
-    def a_reaches_c_under_cs_config(scenario, split):
-        replays.append(scenario.token_seed)
-        return "stale_read:short" if scenario.token_seed == 1 and scenario.engine.max_num_seqs != 3 else None
-
-    groups = grouping.group(found, a_reaches_c_under_cs_config)
-    assert [[(m["path"].rsplit("/", 1)[1], m["why"]) for m in g["members"]] for g in groups] == [
-        [("a.json", "root"), ("c.json", "replay"), ("f.json", "mechanism")]]
-    assert len(replays) == 1  # c linked on its first replay; f by a lookup
