@@ -73,6 +73,9 @@ class Knob:
     build_key: bool = True  # part of the VllmConfig this config builds (the config cache key)
     uncached: Any = KEEP  # its value in the twin run with prefix caching off
     generate: bool = True  # drawn generically when mambafuzz.model.generate has no distribution of its own
+    # A token length or position (a block size, a budget, an alignment): the geometry pass
+    # (mambafuzz.model.geometry) scales it with the mamba block; counts of steps, requests or drafts are not
+    length: bool = False
 
 
 def knob(default: Any, **spec: Any) -> Any:
@@ -90,12 +93,13 @@ def knobs() -> dict[str, Knob]:
 class EngineConfig:
     """The vLLM knobs that change how align-mode chunks are cut and states cached."""
 
-    mamba_block_size: int = knob(256, kind="int", lo=8, hi=1 << 16, shrink=False)
-    attn_block_size: int = knob(16, kind="int", lo=1, hi=1 << 12, shrink=False)
+    mamba_block_size: int = knob(256, kind="int", lo=8, hi=1 << 16, shrink=False, length=True)
+    attn_block_size: int = knob(16, kind="int", lo=1, hi=1 << 12, shrink=False, length=True)
     # None: vLLM default (gcd of the group block sizes)
-    prefix_match_unit: int | None = knob(None, kind="int", lo=1, hi=1 << 16, optional=True, uncached=None)
-    max_num_batched_tokens: int = knob(512, kind="int", lo=1, hi=1 << 16, simplest=1)
-    long_prefill_token_threshold: int = knob(0, kind="int", lo=0, hi=1 << 16, simplest=0)
+    prefix_match_unit: int | None = knob(None, kind="int", lo=1, hi=1 << 16, optional=True, uncached=None,
+                                          length=True)
+    max_num_batched_tokens: int = knob(512, kind="int", lo=1, hi=1 << 16, simplest=1, length=True)
+    long_prefill_token_threshold: int = knob(0, kind="int", lo=0, hi=1 << 16, simplest=0, length=True)
     max_num_seqs: int = knob(8, kind="int", lo=1, hi=256, simplest=1)
     # None: sized so nothing is ever preempted
     num_gpu_blocks: int | None = knob(None, kind="int", lo=1, hi=MAX_POOL_BLOCKS, optional=True, build_key=False)
@@ -105,9 +109,10 @@ class EngineConfig:
     num_prefill_checkpoint_blocks: int = knob(0, kind="int", lo=0, hi=4, simplest=0, build_key=False, uncached=0)
     prefill_checkpoint_alignment: int | None = knob(None, kind="int", lo=1, hi=1 << 16, optional=True,
                                                     companions=(("num_prefill_checkpoint_blocks", 0),),
-                                                    build_key=False, uncached=None)
+                                                    build_key=False, uncached=None, length=True)
     enable_mamba_shared_prefix_checkpoint: bool = knob(False, kind="bool", simplest=False, uncached=False)
-    prefix_cache_retention_interval: int | None = knob(0, kind="int", lo=0, hi=1 << 20, optional=True, simplest=0)
+    prefix_cache_retention_interval: int | None = knob(0, kind="int", lo=0, hi=1 << 20, optional=True, simplest=0,
+                                                        length=True)
     enable_prefix_caching: bool = knob(True, kind="bool", simplest=True, uncached=False, generate=False)
     # a registered runner (mambafuzz.model.runners); None: what vLLM picks on a CUDA host (vllm_bridge.default_runner).  Not drawn:
     # the campaign's --runner (or vLLM's default) decides it.
@@ -185,9 +190,9 @@ class RequestSpec:
 
     arrival_step: int = 0
     prefix_ids: list[int] = field(default_factory=list)  # indexes into Scenario.prefixes
-    unique_len: int = 1
+    unique_len: int = field(default=1, metadata={"length": True})  # token lengths: scaled by the geometry pass
     max_tokens: int = 4
-    external_tokens: int = 0  # prompt tokens a KV connector claims to hold
+    external_tokens: int = field(default=0, metadata={"length": True})  # prompt tokens a KV connector claims to hold
     external_async: bool = False
     abort_step: int | None = None
     # Where the engine core takes the abort: False, from its input queue before the step's

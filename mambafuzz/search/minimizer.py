@@ -1,8 +1,10 @@
 """Shrink a failing scenario while it keeps failing the same way (same signature).
 
 Greedy passes in the Hypothesis style: structural deletions first (requests, prefixes,
-steps), then each integer shrunk towards its simplest value by halving, then the engine
-config simplified field by field.  A candidate is kept only if it is valid, strictly
+steps), then the whole geometry scaled down (mambafuzz.model.geometry: the smallest mamba block
+that keeps the signature, every length with it, so findings of one cause share a geometry),
+then the engine config simplified field by field, then each integer shrunk towards its
+simplest value by halving.  A candidate is kept only if it is valid, strictly
 smaller by `complexity`, and still produces the target signature.
 """
 
@@ -13,6 +15,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
+from mambafuzz.model import geometry
 from mambafuzz.model.scenario import EngineConfig, Scenario, ScenarioError, knobs, validate
 
 Predicate = Callable[[Scenario], bool]
@@ -174,7 +177,13 @@ def _simplify_engine(s: Scenario) -> Iterator[Scenario]:
             yield c
 
 
-PASSES = (_drop_requests, _drop_links, _drop_prefixes, _simplify_engine, _shrink_numbers)
+def _scale_geometry(s: Scenario) -> Iterator[Scenario]:
+    """The scenario on each smaller mamba block, smallest first, every declared length scaled with it."""
+    for size in geometry.smaller_blocks(s.engine.mamba_block_size):
+        yield geometry.scaled(s, size)
+
+
+PASSES = (_drop_requests, _drop_links, _drop_prefixes, _scale_geometry, _simplify_engine, _shrink_numbers)
 
 
 @dataclasses.dataclass
