@@ -12,7 +12,7 @@ and one `register(Oracle(...))` line at the end of this file: `expected` tables
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,10 @@ class Finding(Exception):
         self.step = step
         self.request_id = request_id
         self.mechanism = mechanism  # how the wrong state got there (oracle.mechanism); "" when none applies
+
+    def concerns(self, request_id: str | None) -> bool:
+        """Whether this finding is about `request_id`."""
+        return request_id is not None and request_id == self.request_id
 
     @property
     def signature(self) -> str:
@@ -94,6 +98,14 @@ class Stall(Finding):
     """(d) Some request did not finish within the scenario's step bound."""
 
     kind = "stall"
+
+    def __init__(self, message: str, location: str, step: int | None = None, request_id: str | None = None,
+                 mechanism: str = "", unfinished: tuple[str, ...] = ()):
+        super().__init__(message, location, step, request_id, mechanism)
+        self.unfinished = unfinished  # every request left unfinished (request_id: the first)
+
+    def concerns(self, request_id: str | None) -> bool:
+        return request_id in self.unfinished or super().concerns(request_id)
 
 
 class VllmCrash(Finding):
@@ -164,12 +176,15 @@ class Oracle:
     Finding | None` that mambafuzz.checks.oracle.judge runs after its built-in checks (None: the
     kind is reported by a built-in check, whose order is the root-cause rule).  `export`: the
     assertion an exported vLLM test makes of a finding of this kind, by its location (the
-    name of a check in mambafuzz/upstream's templates), or None where there is none yet."""
+    name of a check in mambafuzz/upstream's templates), or None where there is none yet.
+    `follows_from`: kinds whose finding about the same request causes a finding of this kind;
+    when a verdict holds both, an export asserts the cause (`exported_finding`)."""
 
     kind: str
     fails: bool = True  # False: report-only (never an `expected` verdict)
     check: str | None = None
     export: Callable[[str], str | None] = _no_assertion
+    follows_from: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, finding: type[Finding], **kw: Any) -> Oracle:
@@ -198,11 +213,25 @@ def export_assertion(signature: str) -> str | None:
     return None if oracle is None else oracle.export(location)
 
 
+def exported_finding(findings: Sequence[Finding]) -> Finding | None:
+    """The finding an exported test asserts, of a verdict's failing findings (primary first): the
+    primary one, unless its oracle says it follows from a kind of which a later finding concerns
+    the same request; then that one.  So a stalled request's missing tokens
+    (`output_divergence`, compared only when the run with prefix caching off finished) are
+    exported as the stall they follow from."""
+    if not findings:
+        return None
+    primary = findings[0]
+    causes = ORACLES[primary.kind].follows_from if primary.kind in ORACLES else ()
+    return next((f for f in findings[1:] if f.kind in causes and f.concerns(primary.request_id)), primary)
+
+
 # The exported tests' assertions (mambafuzz/upstream/*_template.py name their checks so).
 PUBLISHED_STATE_WRITTEN = "published_state_written"  # every newly published block's state was written there
 NO_CRASH = "no_crash"  # schedule() does not raise
 FRESH_PROMPT_NOT_SPEC_ROW = "fresh_prompt_not_spec_row"  # no request without computed tokens gets drafts
 V1_ACCEPTED_KEPT = "v1_accepted_kept"  # a check of V1's persistent batch, not of the scheduler
+EVERY_REQUEST_FINISHES = "every_request_finishes"  # within the step bound; names each request left unfinished
 
 
 def _padded_fresh_prompt(location: str) -> str | None:
@@ -217,12 +246,18 @@ def _nocache_read(location: str) -> str | None:
     return None
 
 
+def _stall_assertion(location: str) -> str | None:
+    # `wall-clock` is the harness's own time, and `nocache-step-bound` needs a scheduler with
+    # prefix caching off, which the exported hybrid scheduler is not: neither is exported yet
+    return EVERY_REQUEST_FINISHES if location == "step-bound" else None
+
+
 register(Oracle.of(SlotHashMismatch, export=lambda location: PUBLISHED_STATE_WRITTEN))
 register(Oracle.of(ResumeStateMismatch))
 register(Oracle.of(StaleStateRead, export=_padded_fresh_prompt))  # stale_read:from-empty is uninit_read's old name
 register(Oracle.of(UninitRead, export=_padded_fresh_prompt))
 register(Oracle.of(NocacheStaleRead, export=_nocache_read))
-register(Oracle.of(OutputDivergence))
-register(Oracle.of(Stall))
+register(Oracle.of(OutputDivergence, follows_from=("stall",)))  # a stalled request's tokens never came
+register(Oracle.of(Stall, export=_stall_assertion))
 register(Oracle.of(VllmCrash, export=lambda location: NO_CRASH))
 register(Oracle.of(Inefficiency))

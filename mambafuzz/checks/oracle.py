@@ -273,7 +273,8 @@ def check_liveness(trace: Trace) -> Finding | None:
     if trace.hit_bound or trace.unfinished:
         names = ", ".join(trace.unfinished) or "some request"
         return Stall(f"{names} did not finish within {trace.step_bound} steps",
-                     location="step-bound", step=len(trace.steps), request_id=(trace.unfinished or [None])[0])
+                     location="step-bound", step=len(trace.steps), request_id=(trace.unfinished or [None])[0],
+                     unfinished=tuple(trace.unfinished))
     return None
 
 

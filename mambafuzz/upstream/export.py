@@ -9,7 +9,11 @@ registers it (`export` in mambafuzz.findings.ORACLES):
 - the padded fresh prompt (`uninit_read:from-empty` on V1, `nocache_stale_read:…/prefill-kept-drafts`
   on V2 and Mamba2, formerly `stale_read:from-empty`): no request without computed tokens is
   scheduled with placeholder drafts.  What each model runner then does with that row differs
-  (corpus/upstream/RUNNERS.md); the scheduler-side fact behind both is the padded row.
+  (corpus/upstream/RUNNERS.md); the scheduler-side fact behind both is the padded row;
+- `stall:step-bound` (`--style vllm` only): every request finishes within the harness's step bound.
+A case filed under a kind with no assertion whose oracle `follows_from` another kind (an
+`output_divergence` of a request that never finished) is exported as the finding it follows
+from in its replay (`export_signature`, mambafuzz.findings.exported_finding).
 """
 
 from __future__ import annotations
@@ -20,7 +24,15 @@ import re
 import textwrap
 from pathlib import Path
 
-from mambafuzz.findings import V1_ACCEPTED_KEPT, export_assertion
+from mambafuzz.findings import (
+    EVERY_REQUEST_FINISHES,
+    ORACLES,
+    PUBLISHED_STATE_WRITTEN,
+    V1_ACCEPTED_KEPT,
+    export_assertion,
+    exported_finding,
+    kind_of,
+)
 from mambafuzz.model import runners as model_runners
 from mambafuzz.model.architectures import DEFAULT_MODEL
 from mambafuzz.model.scenario import ample_pool_blocks
@@ -35,6 +47,13 @@ from mambafuzz.upstream.vllm_template import (
     SCHEDULER_TEMPLATE,
     SLOT_HASH_IMPORTS,
     SLOT_HASH_TEMPLATE,
+    STALL_CONNECTOR,
+    STALL_CONNECTOR_CONFIG,
+    STALL_IMPORTS,
+    STALL_KV_OUTPUT,
+    STALL_PRE_IMPORTS,
+    STALL_TEMPLATE,
+    STALL_WORKER,
     WHY,
 )
 
@@ -77,10 +96,39 @@ def case_signature(case: Case) -> str:
     return sig
 
 
+def export_signature(case: Case) -> str:
+    """The signature an exported test asserts: the case's own, or, where its kind has no assertion
+    and its oracle `follows_from` other kinds, the finding it follows from when the case replays
+    on the installed vLLM (the primary finding must still be the recorded one)."""
+    sig = case_signature(case)
+    oracle = ORACLES.get(kind_of(sig))
+    if export_assertion(sig) is not None or oracle is None or not oracle.follows_from:
+        return sig
+    primary, exported = _replayed(case.scenario)
+    if primary != sig:
+        raise ExportError(f"{case.path}: replays as {primary or 'clean'}, not as its recorded {sig}")
+    return exported
+
+
+def _replayed(scenario) -> tuple[str | None, str | None]:
+    """(primary signature, the exported finding's signature) of `scenario` on the installed vLLM."""
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.model.scenario import ScenarioError
+
+    try:
+        findings = evaluate(scenario, "fixed", efficiency=False).verdict.findings
+    except ScenarioError:
+        return None, None
+    exported = exported_finding(findings)
+    return (findings[0].signature, exported.signature) if exported else (None, None)
+
+
 def test_source(case: Case, title: str = "", why: str = "") -> str:
     """The exported test for `case` as Python source."""
     s = case.scenario
-    sig = case_signature(case)
+    sig = export_signature(case)
+    if check_for(sig) == EVERY_REQUEST_FINISHES:  # its connector neither fails a load nor names the request
+        raise ExportError(f"{case.path}: the standalone test cannot express {sig} yet (use --style vllm)")
     if check_for(sig) == V1_ACCEPTED_KEPT:
         return _v1_accepted_source(case, sig, title, why)
     if s.engine.async_scheduling is not False:
@@ -114,11 +162,10 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
 def _synchronous_twin(case: Case, sig: str):
     """The case's scenario with vLLM's synchronous Scheduler, when it fails the same way there: the
     standalone test drives `schedule()` and `update_from_output()` one batch at a time."""
-    from mambafuzz.checks.pipeline import signature_of
     from mambafuzz.model.scenario import with_scheduling
 
     twin = with_scheduling(case.scenario, "sync")
-    if signature_of(twin, "fixed") != sig:
+    if _replayed(twin)[1] != sig:
         raise ExportError(f"{case.path}: {sig} needs async scheduling, and the standalone test drives the "
                           "synchronous Scheduler only")
     return twin
@@ -129,7 +176,7 @@ def vllm_test_source(case: Case, title: str = "") -> str:
     test helpers, so a maintainer can drop it into tests/v1/core/ (tests/v1/worker/ for V1's
     persistent batch) and read it in one screen."""
     s = case.scenario
-    sig = case_signature(case)
+    sig = export_signature(case)
     check = check_for(sig)
     name = re.sub(r"\W+", "_", case.path.stem).strip("_").lower()
     title = title or f"Regression test for {case.path.stem}"
@@ -138,11 +185,11 @@ def vllm_test_source(case: Case, title: str = "") -> str:
         return (f'{HEADER}"""{title} (Model Runner V1; for tests/v1/worker/).\n'
                 f'Exported by mambafuzz from {case.path.name} ({sig}).\n"""\n\nimport pytest\nimport torch\n'
                 + body.replace("\n\nMAMBA_BLOCK_SIZE", "\n\npytestmark = pytest.mark.cpu_test\n\nMAMBA_BLOCK_SIZE", 1))
-    if check not in CHECKS and check != "published_state_written":
+    if check not in CHECKS and check not in (PUBLISHED_STATE_WRITTEN, EVERY_REQUEST_FINISHES):
         raise ExportError(f"--style vllm cannot express {sig} yet (use --style standalone)")
     if s.engine.async_scheduling is not False:  # create_scheduler builds the synchronous Scheduler
         s = _synchronous_twin(case, sig)
-    if check == "published_state_written" or (check == "no_crash" and ":nocache-" not in sig):
+    if check in (PUBLISHED_STATE_WRITTEN, EVERY_REQUEST_FINISHES) or (check == "no_crash" and ":nocache-" not in sig):
         return _hybrid_source(case, s, sig, check, title, name)
     e = s.engine
     requests = {rid: (r.arrival_step, s.prompt_len(i), r.max_tokens)
@@ -160,18 +207,22 @@ def _hybrid_source(case: Case, s, sig: str, check: str, title: str, name: str) -
     them (HYBRID_HEAD). Refused, in one line, where vLLM's helpers cannot state the scenario."""
     e, ids = s.engine, s.request_ids()
     why = f"--style vllm cannot express {sig} for {case.path.name}: "
-    if e.spec_method != "none" or not e.enable_prefix_caching or e.attn_block_size != e.mamba_block_size:
+    stall = check == EVERY_REQUEST_FINISHES  # MTP's drafts as create_scheduler's ngram drafts: see _stall_source
+    if (e.spec_method != "none" and not stall) or not e.enable_prefix_caching or e.attn_block_size != e.mamba_block_size:
         raise ExportError(why + "create_scheduler's model (OPT) has no MTP layers and its attention block is the "
                           "mamba block; the case needs MTP, prefix caching off or another attention block "
                           "(use --style standalone)")
     external = {r.external_tokens for r in s.requests}
     admission = check == "no_crash"
-    groups = MAMBA_GROUPS if admission else 1  # the pool counts blocks per group; one shows a hashed slot
+    # the pool counts blocks per group (admission, liveness); one shows a hashed slot
+    groups = MAMBA_GROUPS if admission or stall else 1
+    filed = case_signature(case)
     fields = dict(
-        title=title, case_name=case.path.name, signature=sig, test_name=name, block_size=e.mamba_block_size,
+        title=title, case_name=case.path.name, test_name=name,
+        signature=sig if sig == filed else f"{sig};\nfiled as {filed}, which follows from it", block_size=e.mamba_block_size,
         hash_block_size=e.prefix_match_unit or e.mamba_block_size, alignment=e.prefill_checkpoint_alignment,
-        checkpoint_blocks=e.num_prefill_checkpoint_blocks, max_steps=s.liveness_bound(),
-        retention="" if e.prefix_cache_retention_interval is None else
+        checkpoint_blocks=e.num_prefill_checkpoint_blocks, max_steps=s.liveness_bound(), mamba_extra="", pre_imports="",
+        config_extra="" if e.prefix_cache_retention_interval is None else
         f"\n    kv_cache_config.prefix_cache_retention_interval = {e.prefix_cache_retention_interval}",
         groups_doc=f"+ {groups} mamba groups" if groups > 1 else "+ a mamba group",
         groups_code=f'[KVCacheGroupSpec([f"mamba.{{i}}"], mamba) for i in range({groups})]' if groups > 1
@@ -179,12 +230,15 @@ def _hybrid_source(case: Case, s, sig: str, check: str, title: str, name: str) -
     # create_scheduler's arguments where they differ from its defaults (its pool of 10000 blocks is ample)
     kwargs = {"num_blocks": e.num_gpu_blocks, "max_num_batched_tokens": e.max_num_batched_tokens,
               "max_num_seqs": e.max_num_seqs, "long_prefill_token_threshold": e.long_prefill_token_threshold,
-              "max_model_len": s.max_model_len() if s.max_model_len() > e.max_num_batched_tokens else None}
+              "max_model_len": s.max_model_len() if s.max_model_len() > e.max_num_batched_tokens else None,
+              "num_speculative_tokens": e.num_speculative_tokens if e.uses_spec_decode else None}
     defaults = {"num_blocks": None, "max_num_batched_tokens": 8192, "max_num_seqs": 16,
-                "long_prefill_token_threshold": 0, "max_model_len": None}
+                "long_prefill_token_threshold": 0, "max_model_len": None, "num_speculative_tokens": None}
     args = [f"{k}={v}" for k, v in kwargs.items() if v != defaults[k]]
     if admission:
         args.append(f"use_kv_connector=mock_kv(matched_tokens={max(external)}, is_async=False)")
+    if stall and max(external):  # mock_kv's config, with its connector class replaced by ScenarioKV
+        args.append("use_kv_connector=mock_kv(matched_tokens=0, is_async=False)")
     indent = " " * len("    scheduler = create_scheduler(")  # the arguments line up under the first
     fields["kwargs"] = ("\n" + indent).join(textwrap.wrap(", ".join(args), 100 - len(indent),
                                                          initial_indent=" " * 31, break_long_words=False,
@@ -199,13 +253,27 @@ def _hybrid_source(case: Case, s, sig: str, check: str, title: str, name: str) -
             why=WHY["no_crash_admission"], imports=HYBRID_IMPORTS, extra_helpers=", mock_kv", constants="",
             num_requests=len(ids),
             prompt_len=lens.pop(), external=max(external), **fields)
+    if stall:
+        _check_prompt_sharing(s, fields["hash_block_size"], why)
+        return _stall_source(s, fields, why)
     if max(external):
         raise ExportError(why + "vLLM's mock_kv connector is no SupportsHMA connector: a request that finishes with "
                           "it under a hybrid KV cache trips request_finished's single-group assert "
                           "(use --style standalone)")
-    # create_requests makes every prompt one token repeated: the scenario's prompts must share
-    # what they share in whole hash blocks, and nothing more
-    unit = fields["hash_block_size"]
+    _check_prompt_sharing(s, fields["hash_block_size"], why)
+    return SLOT_HASH_TEMPLATE.format(
+        why=WHY[check], imports=SLOT_HASH_IMPORTS, extra_helpers="", constants=_requests_line(s), **fields)
+
+
+def _requests_line(s) -> str:
+    table = {rid: (r.arrival_step, s.prompt_len(i), r.max_tokens) for i, (rid, r) in enumerate(zip(s.request_ids(), s.requests))}
+    return f"REQUESTS = {table!r}  # id -> (arrival step, prompt length, max tokens)\n"
+
+
+def _check_prompt_sharing(s, unit: int, why: str) -> None:
+    """create_requests makes every prompt one token repeated: the scenario's prompts must share
+    what they share in whole hash blocks, and nothing more."""
+    ids = s.request_ids()
     for i in range(len(ids)):
         for j in range(i):
             a, b = s.prompt_tokens(i), s.prompt_tokens(j)
@@ -213,10 +281,37 @@ def _hybrid_source(case: Case, s, sig: str, check: str, title: str, name: str) -
             if common // unit != min(len(a), len(b)) // unit:
                 raise ExportError(why + f"{ids[j]} and {ids[i]} share {common} leading tokens, and "
                                   "create_requests' prompts would share more (use --style standalone)")
-    return SLOT_HASH_TEMPLATE.format(
-        why=WHY[check], imports=SLOT_HASH_IMPORTS, extra_helpers="",
-        constants=f"REQUESTS = {({rid: (r.arrival_step, s.prompt_len(i), r.max_tokens) for i, (rid, r) in enumerate(zip(ids, s.requests))})!r}  # id -> (arrival step, prompt length, max tokens)\n",
-        **fields)
+
+
+def _stall_source(s, fields: dict, why: str) -> str:
+    """A stall: the requests run for the harness's step bound and must all finish. Drafts are
+    create_scheduler's (ngram) with the case's count, which is what the scheduler reserves blocks
+    and mamba speculative blocks for; MTP's lookahead slots and EAGLE's block drop are not stated
+    (tests/upstream/test_export.py checks the exported case still fails). A connector case gets
+    ScenarioKV and the test as its worker (STALL_TEMPLATE)."""
+    e = s.engine
+    if any(r.abort_step is not None for r in s.requests):
+        raise ExportError(why + "the short stall test aborts no request (not exported yet)")
+    if e.uses_spec_decode:
+        fields["mamba_extra"] = f",\n                      num_speculative_blocks={e.num_speculative_tokens}"
+    constants = _requests_line(s)
+    connector = dict(loads_init="", worker="", kv_output="", imports=HYBRID_IMPORTS
+                     + "from vllm.v1.outputs import ModelRunnerOutput\n")
+    if any(r.external_tokens for r in s.requests):
+        if e.connector_save or e.connector_recv_steps or e.connector_load_source != "truth" or e.connector_divergent_hits:
+            raise ExportError(why + "the short stall test's connector loads what is asked, ends each load in the "
+                              "step that starts it (connector_recv_steps 0) and saves nothing (not exported yet)")
+        external = {rid: (r.external_tokens, r.external_async) for rid, r in zip(s.request_ids(), s.requests)
+                    if r.external_tokens}
+        constants += (f"EXTERNAL = {external!r}  # id -> (connector hit, async load)\n"
+                      f"FAILED_LOAD = {e.connector_failed_load}  # the n-th async load fails (0: none)\n"
+                      + STALL_CONNECTOR)
+        fields["config_extra"] += STALL_CONNECTOR_CONFIG.format(policy=e.connector_failure_policy)
+        connector.update(loads_init="\n    num_loads = 0  # async loads started", worker=STALL_WORKER,
+                         kv_output=STALL_KV_OUTPUT, imports=STALL_IMPORTS)
+        fields["pre_imports"] = STALL_PRE_IMPORTS
+    fields["extra_helpers"] = ", mock_kv" if connector["worker"] else ""
+    return STALL_TEMPLATE.format(why=WHY[EVERY_REQUEST_FINISHES], constants=constants, **connector, **fields)
 
 
 def _v1_accepted_source(case: Case, sig: str, title: str, why: str) -> str:

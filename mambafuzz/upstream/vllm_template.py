@@ -85,7 +85,7 @@ HYBRID_HEAD = HEADER + r'''"""{title}
 import pytest
 import torch
 
-from vllm.v1.core.sched.scheduler import Scheduler
+{pre_imports}from vllm.v1.core.sched.scheduler import Scheduler
 {imports}
 from .utils import create_requests, create_scheduler{extra_helpers}
 
@@ -96,9 +96,9 @@ HASH_BLOCK_SIZE = {hash_block_size}  # prefix_match_unit
 {constants}
 
 def hybrid_scheduler(vllm_config, kv_cache_config, **kwargs):  # {groups_doc}, align mode
-    vllm_config.cache_config.mamba_cache_mode = "align"{retention}
+    vllm_config.cache_config.mamba_cache_mode = "align"{config_extra}
     mamba = MambaSpec(block_size=MAMBA_BLOCK_SIZE, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align",
-                      num_prefill_checkpoint_blocks={checkpoint_blocks}, prefill_checkpoint_alignment={alignment})
+                      num_prefill_checkpoint_blocks={checkpoint_blocks}, prefill_checkpoint_alignment={alignment}{mamba_extra})
     kv_cache_config.kv_cache_groups += {groups_code}
     return Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                      hash_block_size=HASH_BLOCK_SIZE, **kwargs)
@@ -166,3 +166,61 @@ SLOT_HASH_IMPORTS = """from vllm.v1.kv_cache_interface import (KVCacheGroupSpec,
     get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid)
 from vllm.v1.outputs import ModelRunnerOutput
 """
+
+# Liveness: every request finishes within the step bound the fuzzer's harness gave the case (one
+# step per token, plus arrivals); the assertion names each request left unfinished and the last
+# step that scheduled it. A case with KV-connector tokens gets `ScenarioKV` (STALL_CONNECTOR):
+# vLLM's mock connector with each request's own hit, finishing under a hybrid KV cache (SupportsHMA),
+# and the test plays the worker: each async load ends in the step that starts it, and the
+# FAILED_LOAD-th fails (`failed_recving`, the channel vLLM 0.32 gives a hybrid KV cache).
+STALL_TEMPLATE = HYBRID_HEAD + r"""
+
+def test_{test_name}():
+""" + HYBRID_SCHEDULER + r"""    requests = {{r: create_requests(1, n, max_tokens=m, block_size=HASH_BLOCK_SIZE, req_ids=[r])[0]
+                for r, (_, n, m) in REQUESTS.items()}}
+    last_scheduled = {{}}  # request id -> the last step that scheduled it{loads_init}
+    for step in range({max_steps}):
+        for req_id in [r for r, (arrival, _, _) in REQUESTS.items() if arrival == step]:
+            scheduler.add_request(requests[req_id])
+        output = scheduler.schedule()
+        last_scheduled.update(dict.fromkeys(output.num_scheduled_tokens, step))
+{worker}        ids = list(output.num_scheduled_tokens)
+        done = [[0] if requests[r].num_computed_tokens >= requests[r].num_tokens else [] for r in ids]
+        scheduler.update_from_output(output, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={{r: i for i, r in enumerate(ids)}}, sampled_token_ids=done{kv_output}))
+    stuck = {{r: last_scheduled.get(r) for r, request in requests.items() if not request.is_finished()}}
+    assert not stuck, f"unfinished after {max_steps} steps (request: last step scheduled): {{stuck}}"
+"""
+
+STALL_CONNECTOR = r'''
+
+class ScenarioKV(MockKVConnector, SupportsHMA):
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        tokens, is_async = EXTERNAL.get(request.request_id, (0, False))  # never the whole prompt
+        new = max(0, min(tokens, request.num_prompt_tokens - 1) - num_computed_tokens)
+        return new, is_async and new > 0
+
+    def request_finished_all_groups(self, request, block_ids):
+        return False, None
+'''
+STALL_CONNECTOR_CONFIG = '''
+    kv = vllm_config.kv_transfer_config
+    kv.kv_connector, kv.kv_connector_module_path = "ScenarioKV", __name__
+    kv.kv_load_failure_policy = "{policy}"'''
+STALL_WORKER = r"""        loads = [r for r, q in requests.items() if q.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                 and r not in scheduler.finished_recving_kv_req_ids]  # started in this step
+        failed = {r for n, r in enumerate(loads, num_loads + 1) if n == FAILED_LOAD}
+        num_loads += len(loads)
+"""
+STALL_KV_OUTPUT = ",\n            kv_connector_output=KVConnectorOutput(finished_recving=set(loads), failed_recving=failed)"
+STALL_PRE_IMPORTS = """from tests.v1.kv_connector.unit.utils import MockKVConnector
+from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+"""
+STALL_IMPORTS = """from vllm.v1.kv_cache_interface import KVCacheGroupSpec, MambaSpec
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import RequestStatus
+"""
+
+WHY["every_request_finishes"] = (
+    "Every request must finish within the step bound (one step per token, plus arrivals); a request\n"
+    "the scheduler stops scheduling is named with the last step that scheduled it.\n")

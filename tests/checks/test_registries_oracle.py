@@ -103,3 +103,37 @@ def test_a_kind_registers_once():
         findings.register(findings.Oracle("slot_hash"))
     with pytest.raises(ValueError):
         findings.register(findings.Oracle(findings.CLEAN))
+
+
+def test_a_stall_exports_every_request_finishing_within_the_bound():
+    assert export.check_for("stall:step-bound") == findings.EVERY_REQUEST_FINISHES
+    for location in ("wall-clock", "nocache-step-bound"):  # the harness's clock; a scheduler without caching
+        with pytest.raises(export.ExportError, match="no scheduler-side assertion"):
+            export.check_for(f"stall:{location}")
+
+
+def _divergence(request_id):
+    return findings.OutputDivergence(f"{request_id}: output token 0 differs", "tokens", request_id=request_id)
+
+
+def _stall(*unfinished):
+    return findings.Stall("did not finish", "step-bound", 325, unfinished[0], unfinished=unfinished)
+
+
+def test_a_divergence_of_a_stalled_request_is_exported_as_the_stall():
+    # the judge compares outputs only when the run with prefix caching off finished: a divergent
+    # request that the cached run left unfinished diverges because it stalled
+    stall = _stall("r1", "r0")
+    assert findings.exported_finding([_divergence("r0"), stall]) is stall
+
+
+def test_a_divergence_of_a_request_that_finished_is_exported_as_itself():
+    divergence = _divergence("r1")
+    assert findings.exported_finding([divergence, _stall("r0")]) is divergence
+    assert findings.exported_finding([divergence]) is divergence
+    assert findings.exported_finding([]) is None
+
+
+def test_only_a_kind_the_oracle_names_is_a_cause():
+    crash = findings.VllmCrash("boom", "ValueError@x", request_id="r0")
+    assert findings.exported_finding([_divergence("r0"), crash]) is not crash

@@ -104,7 +104,9 @@ def test_vllm_style_refuses_what_vllms_helpers_cannot_state_in_one_line(path):
         export.vllm_test_source(corpus.load_case(path))
 
 
-def _vllm_tree_with_exports(tmp_path: Path, helpers: Path) -> list[Path]:
+def _vllm_tree_with_exports(tmp_path: Path, helpers: Path, sources: dict[Path, str] | None = None) -> list[Path]:
+    """vLLM's tests/ tree in `tmp_path` with each case's --style vllm test in tests/v1/core
+    (`sources`: case -> test source; default: every VLLM_CASES export)."""
     import shutil
 
     shutil.copytree(helpers / "tests", tmp_path / "tests")
@@ -113,10 +115,12 @@ def _vllm_tree_with_exports(tmp_path: Path, helpers: Path) -> list[Path]:
     (snapshot / "config.json").write_text(OPT_125M_CONFIG)
     (snapshot.parent.parent / "refs").mkdir()
     (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    if sources is None:
+        sources = {path: export.vllm_test_source(corpus.load_case(path)) for path in VLLM_CASES}
     files = []
-    for path in VLLM_CASES:
+    for path, source in sources.items():
         f = tmp_path / "tests" / "v1" / "core" / f"test_{path.stem}.py"
-        f.write_text(export.vllm_test_source(corpus.load_case(path)))
+        f.write_text(source)
         files.append(f)
     return files
 
@@ -141,6 +145,29 @@ def test_vllm_style_exports_fail_without_and_pass_with_their_fix(tmp_path):
     for path, f in zip(VLLM_CASES, files):
         with_fix = _pytest_in(tmp_path, [f], path.parent / "fix.py")
         assert with_fix.returncode == 0 and "1 passed" in with_fix.stdout, with_fix.stdout[-2000:]
+
+
+# A stall (stall:step-bound) filed as the output divergence that follows from it: the untriaged
+# tied-block case, whose export is committed beside it (corpus/untriaged/README.md). The request's
+# async connector load fails under `recompute`, and vLLM 0.32 never schedules it again.
+UNTRIAGED = ROOT / "corpus" / "untriaged"
+STALL_CASE = UNTRIAGED / "connector_failed_load_recompute_stall_tied.json"
+STALL_FIX = UNTRIAGED / "candidate_fix_discard_inflight.py"
+
+
+@pytest.mark.slow
+def test_stall_export_is_current_fails_without_and_passes_with_the_candidate_fix(tmp_path):
+    helpers = vllm_helpers()
+    source = export.vllm_test_source(corpus.load_case(STALL_CASE))
+    assert exported(STALL_CASE).read_text() == source, (
+        f"re-run: mambafuzz export-test --style vllm {STALL_CASE} -o {exported(STALL_CASE)}")
+    assert "import mambafuzz" not in source and "(stall:step-bound;" in source
+    files = _vllm_tree_with_exports(tmp_path, helpers, {STALL_CASE: source})
+    without = _pytest_in(tmp_path, files, None)
+    assert "1 failed" in without.stdout and "unfinished after 325 steps" in without.stdout, without.stdout[-2000:]
+    assert "{'r0': None}" in without.stdout  # the request named, never scheduled
+    with_fix = _pytest_in(tmp_path, files, STALL_FIX)
+    assert with_fix.returncode == 0 and "1 passed" in with_fix.stdout, with_fix.stdout[-2000:]
 
 
 # ISSUE.md (export-report) in vLLM's bug-report layout: the template's two sections in its order
