@@ -59,13 +59,13 @@ def _result(item: dict, level: str, text: str, related: list[dict] = ()) -> dict
            "partialFingerprints": {"signature": item["signature"]}}
     if related:
         out["relatedLocations"] = [{"id": n, "physicalLocation": {"artifactLocation": {"uri": m["path"]}},
-                                    "message": {"text": f"{m['fine_signature']} (same root cause: {m['why']})"}}
+                                    "message": {"text": f"{m['fine_signature']} (grouped with the first, {m['why']}; may be another cause)"}}
                                    for n, m in enumerate(related, 1)]
     return out
 
 
 def summarize(findings: Path, out: Path, split: str) -> dict:
-    """summary.json and findings.sarif: new findings by root cause (one SARIF result per group,
+    """summary.json and findings.sarif: new findings by group of shared symptoms (one SARIF result per group,
     its other members as related locations), flaky ones, and pre-existing ones (the PR's base
     shows them too: a SARIF note, labelled by the known fixes, not failing the job)."""
     items = _items(findings)
@@ -81,7 +81,7 @@ def summarize(findings: Path, out: Path, split: str) -> dict:
         root = by_file[g["root"]]
         n = len(g["members"])
         results.append(_result(root, "error", f"{root['message']} (replay: {root['repro']})"
-                               + (f"; {n} findings, one root cause" if n > 1 else ""), g["members"][1:]))
+                               + (f"; {n} findings, one group of shared symptoms" if n > 1 else ""), g["members"][1:]))
     results += [_result(i, "warning", f"flaky: {i['message']} (replay: {i['repro']})") for i in summary["flaky"]]
     results += [_result(i, "note", f"pre-existing (the base shows it too; known: {', '.join(i['known']) or 'none'}): "
                                    f"{i['message']}") for i in pre]
@@ -160,12 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "summarize":
         summary = summarize(Path(args.findings), Path(args.out), args.split)
-        print(f"{args.job}: {len(summary['new_findings'])} new finding(s) from {len(summary['groups'])} root "
-              f"cause(s), {len(summary['flaky'])} flaky, {len(summary['pre_existing'])} pre-existing")
+        print(f"{args.job}: {len(summary['new_findings'])} new finding(s) in {len(summary['groups'])} "
+              f"group(s), {len(summary['flaky'])} flaky, {len(summary['pre_existing'])} pre-existing")
         for g in summary["groups"]:
             root = next(i for i in summary["new_findings"] if i["file"] == g["root"])
             print(f"  NEW {root['fine_signature']}: {root['repro']}"
-                  + (f" (+{len(g['members']) - 1} more of this root cause)" if len(g["members"]) > 1 else ""))
+                  + (f" (+{len(g['members']) - 1} more in this group)" if len(g["members"]) > 1 else ""))
         for i in summary["pre_existing"]:
             print(f"  pre-existing {i['fine_signature']} [{', '.join(i['known']) or 'no known fix explains it'}]")
     elif args.cmd == "plot":

@@ -227,14 +227,15 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     groups = (_group_findings(real, args.split, Path(args.findings), patch_specs, known_fix_dirs,
                               replay=not result.interrupted) if real else [])
     print(f"\nsummary: {result.execs} executions in {result.seconds:.1f}s, {len(real)} new finding(s)"
-          + (f" from {len(groups)} root cause(s)" if groups else "")
+          + (f" in {len(groups)} group(s) of shared symptoms" if groups else "")
           + (f", {len(result.new_files) - len(real)} flaky" if len(result.new_files) > len(real) else "")
           + (f", {result.tool_errors} tool failure(s)" if result.tool_errors else "")
           + (" (interrupted)" if result.interrupted else ""))
     if any(result.modes.values()):
         print("  scheduling: " + ", ".join(f"{n} {mode}" for mode, n in sorted(result.modes.items())))
     if groups:
-        print(f"root causes (every member kept; {Path(args.findings) / GROUPS_FILE}):")
+        print(f"groups (shared symptoms; a group may hold more than one cause; every member kept; "
+              f"{Path(args.findings) / GROUPS_FILE}):")
     for i, g in enumerate(groups, 1):
         root = Path(g["root"])
         meta = finding_meta(root)
@@ -272,7 +273,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
 def _group_findings(paths: list[Path], split: str, findings: Path, patch_specs: list[str],
                     known_fix_dirs: list[str], replay: bool = True) -> list[dict]:
-    """Group this campaign's new findings by root cause, replaying (unless not `replay`: after
+    """Group this campaign's new findings by shared symptom, replaying (unless not `replay`: after
     Ctrl-C) under what its workers ran (the vLLM here, its --patch specs and known fixes), and
     write FINDINGS/root-causes.jsonl."""
     from mambafuzz.checks.pipeline import signature_of

@@ -1,8 +1,11 @@
-"""One root cause, one report: group the findings that one cause explains.
+"""Fewer reports for one cause: group findings that share a symptom.
 
 A campaign deduplicates by fine signature, so one planted bug can file many findings (28 for
-the pre-fix split), each a distinct symptom. Two cheap, sound rules join them; every member
-stays on disk, and a report shows each group once:
+the pre-fix split), each a distinct symptom. Two cheap rules join them; every member stays on
+disk, and a report shows each group once. The rules are NOT sound across causes: the coarse
+signature and the mechanism they match are symptoms several bugs share, and with two planted
+bugs in one findings directory they put both bugs' findings in one group (bench/RESULTS.md).
+A group is a reading aid, never a verdict: every member is filed and fails a PR on its own.
 - `mechanism`: the same coarse signature and the same mechanism of the minimized case (a
   finding's `fine_signature` is its minimized case's);
 - `replay`: one finding's minimized case, replayed under the other's engine config, shows the

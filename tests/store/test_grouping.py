@@ -1,4 +1,4 @@
-"""One root cause, one report: findings one cause explains are grouped (same coarse signature and
+"""Groups of shared symptoms: findings are grouped (same coarse signature and
 minimized mechanism, or one's case replayed under the other's config shows the other), every
 member stays on disk, and the CI summary and SARIF show each group once."""
 
@@ -55,5 +55,5 @@ def test_the_ci_summary_and_sarif_show_each_root_cause_once_and_pre_existing_as_
     assert [i["known"] for i in summary["pre_existing"]] == [["internal_checkpoint_midblock_resume"]]
     results = json.loads((tmp_path / "findings.sarif").read_text())["runs"][0]["results"]
     assert [r["level"] for r in results] == ["error", "error", "note"]
-    assert len(results[0]["relatedLocations"]) == 2 and "3 findings, one root cause" in results[0]["message"]["text"]
+    assert len(results[0]["relatedLocations"]) == 2 and "3 findings, one group of shared symptoms" in results[0]["message"]["text"]
     assert all(p.exists() for p in paths)  # every member stays on disk
