@@ -299,9 +299,11 @@ class Scenario:
 
     def liveness_bound(self) -> int:
         """Steps within which every request must finish: each step makes progress on some
-        request unless the split defers it, so one step per token plus arrivals is generous."""
+        request unless the split defers it, so one step per token plus arrivals is generous.
+        Under pipeline stages a request is in at most one of `stages` consecutive batches (vLLM's
+        decode stagger), so a token may take that many steps."""
         _, last_step, tokens = self.size()
-        return last_step + tokens + 8 * len(self.requests) + 16
+        return last_step + tokens * self.engine.pipeline_parallel_size + 8 * len(self.requests) + 16
 
     # ---- JSON ----------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

@@ -105,3 +105,18 @@ def test_the_trace_names_the_queue_depth_and_the_engine_tier_refuses_stages():
     assert "pipeline_parallel_size 2" in engines.unsupported(pipelined(2))
     one_stage = dataclasses.replace(pipelined(2), engine=dataclasses.replace(pipelined(2).engine, pipeline_parallel_size=1))
     assert "pipeline" not in (engines.unsupported(one_stage) or "")
+
+
+def test_the_liveness_bound_leaves_room_for_the_decode_stagger_of_four_stages():
+    """A default campaign filed `stall:nocache-step-bound` on this case: one token a step, four
+    stages, r1 continues r0. Without prefix caching r1 re-prefills r0's prompt and outputs, then
+    decodes one token every 4 steps (the stagger) and finishes at step 65; the bound was 62, one
+    step per token. A tool artifact, not a vLLM stall."""
+    engine = EngineConfig(mamba_block_size=8, attn_block_size=8, max_num_batched_tokens=1, max_num_seqs=1,
+                          prefix_cache_retention_interval=0, pipeline_parallel_size=4)
+    s = Scenario(engine=engine, prefixes=[8], token_seed=0,
+                 requests=[RequestSpec(prefix_ids=[0], unique_len=1, max_tokens=2),
+                           RequestSpec(unique_len=0, max_tokens=8, continues=0)])
+    ev = evaluate(s, "fixed")
+    assert ev.verdict.clean, [f.signature for f in ev.verdict.findings]
+    assert len(ev.uncached.steps) > s.size()[2] + 8 * 2 + 16  # past what one step per token allows
