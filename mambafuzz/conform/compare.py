@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from mambafuzz.conform import drive as conform_drive
 from mambafuzz.model import runners as model_runners
-from mambafuzz.model.scenario import VOCAB_SIZE, EngineConfig, Scenario
+from mambafuzz.model.scenario import VOCAB_SIZE, EngineConfig, Scenario, ScenarioError, with_runner
 from mambafuzz.sim import vllm_bridge as vb
 from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
 
@@ -114,8 +114,15 @@ def _vllm_effect(p, mirror_ckpt: tuple) -> Effect:
 def compare(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[Disagreement]:
     """Drive `s` through the real scheduler and yield every row where the mirror and vLLM's
     worker code differ, for each runner in `runners` (None: every registered one) and both mixer
-    families."""
+    families.  Each runner is held against a scheduler built for it (`with_runner`: vLLM's
+    scheduler hands V1 and V2 different outputs, e.g. resumed requests); a runner the scenario
+    cannot run on (pipeline stages are V2's) is skipped, as a campaign on that runner skips it."""
     runners = runners or model_runners.names()
+    if len(runners) > 1 or s.engine.runner != runners[0]:
+        for runner, own in per_runner(s, runners):
+            if own is not None:
+                yield from compare(own, (runner,))
+        return
     original = conform_drive.vb.SchedulerSession
     conform_drive.vb.SchedulerSession = _Recording
     try:
@@ -126,6 +133,17 @@ def compare(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[Dis
             yield from compare_steps(s.engine, g, itertools.chain([first], steps), runners)
     finally:
         conform_drive.vb.SchedulerSession = original
+
+
+def per_runner(s: Scenario, runners: Iterable[str]) -> list[tuple[str, Scenario | None]]:
+    """`s` as each runner runs it (`with_runner`), or None for a runner it cannot run on."""
+    out: list[tuple[str, Scenario | None]] = []
+    for runner in runners:
+        try:
+            out.append((runner, with_runner(s, runner)))
+        except ScenarioError:
+            out.append((runner, None))
+    return out
 
 
 def compare_steps(e: EngineConfig, g: KernelGeometry, steps: Iterable[conform_drive.ConformStep],

@@ -149,3 +149,36 @@ def test_worker_code_of_another_release_is_a_one_line_unsupported_vllm(monkeypat
     monkeypatch.setattr(about, "vllm_version", lambda: "0.32.0")
     with pytest.raises(AttributeError):
         missing_api()
+
+
+
+def test_each_runner_is_held_against_a_scheduler_built_for_it(monkeypatch, capsys, tmp_path):
+    """vLLM's scheduler hands V1 and V2 different outputs, so a runner's worker code is driven by
+    a scheduler with that runner's flag, and a runner the config cannot run on is left out (a
+    V1 worker fed a 4-stage V2 scheduler's outputs once reported rows no V1 engine runs)."""
+    import dataclasses
+
+    from mambafuzz.cli.main import main
+    from mambafuzz.conform import drive as conform_drive
+
+    s = load_case(V1_SKIP).scenario
+    s = dataclasses.replace(s, engine=dataclasses.replace(s.engine, runner=None))
+    driven = []
+    real_drive = conform_drive.drive
+
+    def recording(scenario, runners=None):
+        driven.append((scenario.engine.runner, runners))
+        return real_drive(scenario, runners)
+
+    monkeypatch.setattr(conform_drive, "drive", recording)
+    list(conform_check.compare(s, ("v1", "v2")))
+    assert driven == [("v1", ("v1",)), ("v2", ("v2",))]
+
+    staged = dataclasses.replace(s, engine=dataclasses.replace(s.engine, pipeline_parallel_size=2, async_scheduling=True))
+    assert [(r, own is None) for r, own in conform_check.per_runner(staged, ("v1", "v2"))] == [("v1", True), ("v2", False)]
+    driven.clear()
+    assert list(conform_check.compare(staged, ("v1",))) == [] and driven == []
+    path = tmp_path / "staged.json"
+    path.write_text(staged.dumps())
+    assert main(["conform", str(path), "--runner", "v1"]) == 3  # nothing checked: never a pass
+    assert "1 not run on v1" in capsys.readouterr().out
