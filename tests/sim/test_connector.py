@@ -223,3 +223,11 @@ def test_finished_ids_iterate_sorted():
 
     ids = SortedIds({"r3", "r0", "r10", "r2"})
     assert list(ids) == ["r0", "r10", "r2", "r3"] and "r3" in ids and len(ids) == 4
+
+
+def test_a_load_of_a_saved_state_carries_a_realism_note():
+    from mambafuzz.model.scenario import engine_realism_notes
+
+    assert any("boundary_state_offloads" in n for n in engine_realism_notes(saving_scenario().engine))
+    assert not any("boundary_state_offloads" in n for n in
+                   engine_realism_notes(saving_scenario(connector_load_source="truth").engine))
