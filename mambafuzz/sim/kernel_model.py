@@ -170,21 +170,16 @@ class KernelModel:
         `spec_row` selects the speculative kernel path (see `is_spec_row`). `truth`, the request's
         true prefix states (whose tokens from `num_computed` on are `tokens` without the drafts),
         only makes extending a state cheaper; it never changes a result. `sample` False skips the
-        outputs (another mamba group's model: the sampler reads the first group's row).
-        (The harness's hottest function, once per row and mamba group: lookups are inlined.)"""
+        outputs (another mamba group's model: the sampler reads the first group's row)."""
         num_tokens = len(tokens)
         g = self.g
         bs = g.block_size
         seq_len = num_computed + num_tokens
-        held = self.held
-        num_accepted = self._num_accepted
-        accepted = num_accepted.get(rid, 1)
+        accepted = self._num_accepted.get(rid, 1)
         writes: list[tuple[int, int, State, str]] = []
         if g.align:
-            curr = -(-seq_len // bs) - 1
-            prev = self._prev_column.get(rid)
-            if prev is None:
-                prev = (num_computed - 1) // bs
+            curr = cdiv(seq_len, bs) - 1
+            prev = self._prev_column.get(rid, (num_computed - 1) // bs)
             if prev != -1 and prev != curr:
                 src_col = prev + accepted - 1
                 state = self.state_of(table[src_col]) if 0 <= src_col < len(table) else UNSET
@@ -194,18 +189,13 @@ class KernelModel:
             self._prev_column[rid] = curr
         else:  # mamba_cache_mode "none": the request's own blocks, from column 0, no copies
             curr = 0
-        num_accepted[rid] = accepted
+        self._num_accepted[rid] = accepted
 
         if not spec_row:
             block = table[curr]
-            if num_computed > 0:
-                start = held.get(block)
-                if start is None:
-                    start = self.state_of(block)
-            else:
-                start = EMPTY
+            start = self.state_of(block) if num_computed > 0 else EMPTY
             if not num_drafts:  # the sampler reads the last position only
-                final = truth.span(start, num_computed, seq_len) if truth is not None else start.extend(tokens)
+                final = self._through(truth, tokens, start, num_computed, num_tokens, 0)
                 outputs = [next_token(final, g.vocab_size)] if sample else []
             else:  # ... and every draft position
                 final = self._through(truth, tokens, start, num_computed, num_tokens - num_drafts - 1, num_drafts)
@@ -214,9 +204,7 @@ class KernelModel:
                     final = final.extend([tok])
                     if sample:
                         outputs.append(next_token(final, g.vocab_size))
-            if block > g.null_block_id:  # drafts included: the kernel cannot roll them back
-                held[block] = final
-                self.dirty.add(block)
+            if self._write(block, final):  # drafts included: the kernel cannot roll them back
                 writes.append((curr, block, final, "chunk-end+drafts" if num_drafts else "chunk-end"))
             if g.checkpoint_alignment is not None:
                 self._checkpoint(table, num_computed, seq_len, start, writes, truth, tokens, num_drafts)

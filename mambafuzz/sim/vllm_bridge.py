@@ -294,7 +294,6 @@ class CachedMambaEntry:
     claimed_tokens: int | None  # block_hash_num_tokens for a primary key
 
 
-
 class SortedIds(set):
     """A worker's finished request ids that iterate in sorted order.  vLLM frees the blocks of
     `finished_sending` (and of finished requests in `finished_recving`) in the order it iterates
