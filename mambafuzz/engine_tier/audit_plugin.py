@@ -452,9 +452,14 @@ def _step_ended(sched: Any, audit: SchedulerAudit) -> None:
     cache = pool.cached_block_hash_to_block
     for p in audit.pending:
         if cache.contain(p.key, p.block_id):
-            block = pool.blocks[p.block_id]
-            primary = block.block_hash == p.key
-            p.at_step_end = (primary, block.block_hash_num_tokens if primary else None)
+            p.at_step_end = _claim(pool, p)
+
+
+def _claim(pool: Any, p: _Pending) -> tuple[bool, int | None]:
+    """(whether `p.key` is its block's primary key, the token count vLLM recorded for it then)."""
+    block = pool.blocks[p.block_id]
+    primary = block.block_hash == p.key
+    return primary, block.block_hash_num_tokens if primary else None
 
 
 def judge_blocks(sched: Any, audit: SchedulerAudit) -> None:
@@ -478,9 +483,7 @@ def judge_blocks(sched: Any, audit: SchedulerAudit) -> None:
         if auditor is None or (p.key, p.block_id) in seen:
             continue
         if cache.contain(p.key, p.block_id):
-            block = pool.blocks[p.block_id]
-            primary = block.block_hash == p.key
-            recorded = block.block_hash_num_tokens if primary else None
+            primary, recorded = _claim(pool, p)
         elif p.at_step_end is not None:
             primary, recorded = p.at_step_end
         else:
