@@ -266,3 +266,26 @@ def test_a_survivor_classified_on_another_source_is_stale():
     on_disk = run.load_classes()
     assert on_disk and all(c["class"] in ("equivalent", "efficiency", "unreachable", "missed") and c["why"]
                            for c in on_disk.values())
+
+
+def test_the_fork_server_kills_a_crashing_mutant_and_keeps_its_parent_clean(tmp_path):
+    """bench/mutation_run.py --fork-server: each campaign is a child forked from one process that
+    imported vLLM once. A mutant that crashes at the first input is killed (attributed in a
+    second child), an equivalent one survives its time box, and the parent, which forked both,
+    still runs vLLM's own split."""
+    split = "mm:Scheduler._mamba_block_aligned_split"
+    code = (
+        "import sys; sys.path.insert(0, 'bench')\n"
+        "import mutation_forkserver as fs, mutation_run as mr\n"
+        "from vllm.v1.core.sched.scheduler import Scheduler\n"
+        "before = Scheduler._mamba_block_aligned_split\n"
+        "fs.warm()\n"
+        f"rows = dict(fs.run(['{split}:2', '{split}:107'], max_time=2, minimize_budget=1, known=mr.KNOWN,\n"
+        "                    keep=None, parallel=2, hidden=lambda *a: None))\n"
+        "print(rows['" + split + ":2']['status'], rows['" + split + ":107']['status'],\n"
+        "      Scheduler._mamba_block_aligned_split is before)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MAMBAFUZZ_MUTANT"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-3:] == ["killed", "survived", "True"]
