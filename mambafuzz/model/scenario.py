@@ -555,11 +555,6 @@ def engine_realism_notes(e: EngineConfig) -> list[str]:
         notes.append(f"mamba_block_size {e.mamba_block_size} < {need}: vLLM raises the block size of {e.model} to at least "
                      f"{need} tokens so an attention page holds its mamba state (Platform._align_hybrid_block_size); "
                      "only the scheduler sees this config")
-    if e.connector_save and e.connector_load_source == "saved":
-        notes.append("connector_load_source 'saved': the simulated connector saves a mamba block positionally, as the state "
-                     "at its boundary; vLLM 0.32's connectors persist mamba state only from the blocks the scheduler "
-                     "names (SchedulerOutput.kv_connector_block_state.boundary_state_offloads), so a wrong saved state "
-                     "may be the model's, not vLLM's")
     return notes
 
 
