@@ -247,10 +247,6 @@ def _draw_connector(src: Source, scenario: Scenario) -> None:
         else:
             value = draw_knob(src, k[name])
         setattr(engine, name, value)
-    # Drawn, then set back (the draw order stays): a load of a saved state rests on the simulated
-    # connector's positional save, which vLLM 0.32's connectors do not do for mamba blocks
-    # (scenario.engine_realism_notes); its findings were the model's (corpus/untriaged/README.md).
-    engine.connector_load_source = "truth"
 
 
 def draw_model(src: Source, scenario: Scenario) -> str:

@@ -139,8 +139,10 @@ class EngineConfig:
     # saving and loading connector (LMCache, NIXL). Off, it only loads, the true state, within one
     # step: what every file before these knobs ran. None is drawn by the generic generator (a draw
     # would change every generated input's stream); they are not part of the VllmConfig.
-    # Save on `request_finished`: return delay_free=True; the blocks are freed when the worker
-    # reports `finished_sending`, `connector_send_steps` engine steps (update_from_output calls) later.
+    # Save the mamba blocks the scheduler hands off (`boundary_state_offloads`), as copied after the
+    # step's forward; on `request_finished` return delay_free=True: the blocks are freed, and the saved
+    # entries stored, when the worker reports `finished_sending`, `connector_send_steps` engine steps
+    # (update_from_output calls) later.
     connector_save: bool = knob(False, kind="bool", simplest=False, build_key=False, uncached=False, generate=False)
     connector_send_steps: int = knob(0, kind="int", lo=0, hi=8, simplest=0, build_key=False, uncached=0, generate=False)
     # What a load delivers: "truth" (the state of the request's own tokens: a store that never errs) or
@@ -555,11 +557,6 @@ def engine_realism_notes(e: EngineConfig) -> list[str]:
         notes.append(f"mamba_block_size {e.mamba_block_size} < {need}: vLLM raises the block size of {e.model} to at least "
                      f"{need} tokens so an attention page holds its mamba state (Platform._align_hybrid_block_size); "
                      "only the scheduler sees this config")
-    if e.connector_save and e.connector_load_source == "saved":
-        notes.append("connector_load_source 'saved': the simulated connector saves a mamba block positionally, as the state "
-                     "at its boundary; vLLM 0.32's connectors persist mamba state only from the blocks the scheduler "
-                     "names (SchedulerOutput.kv_connector_block_state.boundary_state_offloads), so a wrong saved state "
-                     "may be the model's, not vLLM's")
     return notes
 
 

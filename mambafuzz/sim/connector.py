@@ -4,9 +4,10 @@ of external tokens per request and reads back which mamba block each load must f
 
 It only plays the scheduler role: there are no workers, and the harness's kernel model
 performs the "load" by writing a state into the block vLLM gave the request, and the "save"
-by reading what a request's mamba block holds once the request's computed tokens cross its
-boundary (the harness's `_save_rows`, as vLLM's offloading connectors store a block once it is
-computed), under the block hash the scheduler gave those tokens.
+by reading the blocks the scheduler names in `SchedulerOutput.kv_connector_block_state.
+boundary_state_offloads` (collected here in `build_connector_meta`, the one place a connector
+sees them), after that step's forward, as vLLM's offloading connectors copy them (the harness's
+`_save_offloads`; docs/REACH.md "What a saving connector stores").
 
 Beyond the default (load the true state, in one step, never save), the engine's `connector_*`
 knobs give it the scheduler side of the saving connectors (LMCache, NIXL, both in
@@ -21,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mambafuzz.sim import vllm_bridge as vb
 from mambafuzz.sim.vllm_compat.api import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -74,8 +76,12 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
         # saving (EngineConfig.connector_save): requests finished since the harness last drained
         self.save_requests = False
         self.saves: list[SaveOrder] = []
+        # the scheduler's boundary-state hand-offs since the harness last drained them:
+        # (request, KV-cache group, block id, boundary tokens); None: this vLLM names none
+        self.offloads: list[tuple[str, int, int, int]] | None = []
         # loading saved states (connector_load_source "saved"): block hash of a mamba boundary ->
-        # (tokens, what was saved); the harness fills it when a save's finished_sending arrives
+        # (tokens, what its hand-off block held when copied); the harness fills it when the
+        # saving request's finished_sending arrives
         self.load_saved = False
         self.store: dict[bytes, tuple[int, Any]] = {}
         self.mamba_block_size = 0
@@ -123,6 +129,12 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
             self.orders.append(order)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        if self.save_requests and self.offloads is not None:
+            offloads = vb.boundary_state_offloads(scheduler_output)
+            if offloads is None:
+                self.offloads = None
+            else:
+                self.offloads += offloads
         meta = ScenarioConnectorMetadata(loads=self._step_orders)
         self._step_orders = []
         return meta

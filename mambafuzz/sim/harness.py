@@ -477,9 +477,8 @@ class _Runner:
             rec.recv_done = sorted(recv_new)
         batch.recv_done = set(recv_new)
         batch.recv_failed = failed
-        if self.connector is not None and self.connector.save_requests and scheduled:
-            self._save_rows(rec, {c.request_id: (c.start, c.start + c.num_tokens - c.num_drafts)
-                                  for c in rec.chunks if c.request_id in scheduled})
+        if self.connector is not None and self.connector.save_requests:
+            self._save_offloads(rec, out)
 
     def _apply(self, rec: StepRecord, batch: Batch) -> None:
         """The engine core hands a batch's output to the scheduler (`update_from_output`), after the
@@ -549,29 +548,41 @@ class _Runner:
                                                     f"{e.connector_recv_steps + 1} forward(s)"))
         return done, failed
 
-    def _save_rows(self, rec: StepRecord, rows: dict[str, tuple[int, int]]) -> None:
-        """The worker side of a saving connector, after the forward (and its post-forward copies):
-        each mamba block whose boundary a row crossed, (p + 1) * block_size in (start, end] within
-        the prompt, is saved under the hash vLLM gave those tokens, holding what the kernel model
-        says it holds now (vLLM's offloading connectors store a block once the request's computed
-        tokens cover it). The entries wait for the request's `request_finished` and reach the
-        store when its send finishes: a block holding the wrong state is a wrong entry."""
-        bs = self.s.engine.mamba_block_size
+    def _save_offloads(self, rec: StepRecord, out: Any) -> None:
+        """The worker side of a saving connector, after the forward and its post-forward copies
+        (`wait_for_save`): each boundary-state hand-off of this schedule (the scheduler names the
+        exact block: `SchedulerOutput.kv_connector_block_state.boundary_state_offloads`) is copied
+        holding what the kernel model says that block holds now, keyed as Mooncake's store keys
+        it, by the request's block hash at the boundary. Hand-offs of a request finished or
+        preempted in this schedule are dropped, as Mooncake's and the CPU offload's schedulers do;
+        so are other mamba groups' (the store keeps the first group's state: the trace's). The
+        entries wait for the request's `request_finished` and reach the store when its send
+        finishes: a block holding the wrong state is a wrong entry (docs/REACH.md)."""
+        c = self.connector
+        if c.offloads is None:
+            c.offloads = []  # said once per run
+            self.trace.connector_events.append((rec.step, "save-unsupported", "-", vb.NO_BOUNDARY_STATE_OFFLOADS))
+            c.save_requests = False
+            return
+        if not c.offloads:
+            return
+        offloads, c.offloads = c.offloads, []
         unit = self.session.hash_block_size
         null = self.session.null_block_id
-        for rid, (start, end) in rows.items():
-            req = self.live[rid].req
-            end = min(end, req.num_prompt_tokens)
-            table = self.session.mamba_block_ids(rid)
-            hashes = req.block_hashes
-            for tokens in range((start // bs + 1) * bs, end + 1, bs):
-                p, index = tokens // bs - 1, tokens // unit - 1
-                if p >= len(table) or index >= len(hashes) or table[p] <= null:
-                    continue
-                state = self.model.state_of(table[p])
-                self.save_entries.setdefault(rid, []).append((bytes(hashes[index]), tokens, state, table[p]))
-                self.trace.connector_events.append((rec.step, "save", rid, f"block {table[p]} as the state after "
-                                                    f"{tokens} tokens: holds {state}"))
+        gone = self.session.preempted(out)
+        for rid, group, block, tokens in offloads:
+            live = self.live.get(rid)
+            if group != self.session.mamba_group or live is None:
+                continue
+            req = live.req
+            index = tokens // unit - 1
+            if req.is_finished() or rid in gone or block <= null or tokens % unit or not 0 <= index < len(req.block_hashes):
+                self.trace.connector_events.append((rec.step, "offload-dropped", rid, f"block {block} at {tokens} tokens"))
+                continue
+            state = self.model.state_of(block)
+            self.save_entries.setdefault(rid, []).append((bytes(req.block_hashes[index]), tokens, state, block))
+            self.trace.connector_events.append((rec.step, "save", rid, f"block {block} as the state after "
+                                                f"{tokens} tokens: holds {state}"))
 
     def _drain_saves(self, rec: StepRecord) -> None:
         """Requests vLLM finished since the last drain whose blocks the connector keeps

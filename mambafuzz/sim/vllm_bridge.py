@@ -520,5 +520,25 @@ class SchedulerSession:
         return set(out.preempted_req_ids or ())
 
 
+# vLLM >= 0.32 hands a producer-side connector the exact blocks holding mamba "align" boundary states
+# (SchedulerOutput.kv_connector_block_state, v1/core/sched/output.py:215-228); before, no such field.
+BOUNDARY_STATE_OFFLOADS = "kv_connector_block_state" in features.init_params(SchedulerOutput)
+NO_BOUNDARY_STATE_OFFLOADS = (f"{VLLM} has no SchedulerOutput.kv_connector_block_state: it names no mamba block "
+                              "for a connector to save, so the simulated connector saves nothing")
+
+
+def boundary_state_offloads(out: SchedulerOutput) -> list[tuple[str, int, int, int]] | None:
+    """This schedule's boundary-state hand-offs, (request, KV-cache group, block id, boundary tokens)
+    in the scheduler's order; None on a vLLM without them. Read in the connector's
+    `build_connector_meta`: the scheduler clears the field right after (scheduler.py:1547)."""
+    if not BOUNDARY_STATE_OFFLOADS:
+        return None
+    state = out.kv_connector_block_state
+    if state is None:
+        return []
+    return [(rid, group, block, tokens) for rid, entries in state.boundary_state_offloads.items()
+            for group, block, tokens in entries]
+
+
 def is_waiting_for_remote_kv(req: Request) -> bool:
     return req.status == RequestStatus.WAITING_FOR_REMOTE_KVS

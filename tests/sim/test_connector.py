@@ -55,46 +55,106 @@ def test_a_saving_connector_keeps_the_blocks_until_finished_sending():
         assert "r0" in trace.finish_status and not trace.unfinished
 
 
-def test_saves_hold_what_the_kernel_model_wrote_at_each_crossed_boundary():
-    trace = harness.run(saving_scenario())
-    saves = [e[3] for e in events(trace, "save") if e[2] == "r0"]
-    # 64-token chunks end on every boundary of the 300-token prompt: 64, 128, 192, 256
-    assert [d.split(" as the state after ")[1].split(" ")[0] for d in saves] == ["64", "128", "192", "256"]
-    for detail in saves:
-        tokens = detail.split(" as the state after ")[1].split(" ")[0]
-        assert f"holds state@{tokens}#" in detail
+def offload_scenario(**engine) -> Scenario:
+    """r0's 300-token prompt (a 260-token shared prefix) is saved through the scheduler's
+    boundary-state hand-offs: vLLM's default retention keeps, and so hands off, its last prompt
+    boundary, 256. Three 500-token requests then fill the 36-block pool and evict r0's local
+    entries, so r4 (the shared prefix plus 60 tokens, claiming 319 from the connector) has no local
+    hit and only the connector's saved state at 256 can serve it."""
+    knobs = dict(mamba_block_size=64, attn_block_size=64, max_num_batched_tokens=64, max_num_seqs=4,
+                 async_scheduling=False, connector_save=True, connector_load_source="saved", num_gpu_blocks=36)
+    knobs.update(engine)
+    return Scenario(engine=EngineConfig(**knobs), prefixes=[260], token_seed=1,
+                    requests=[RequestSpec(prefix_ids=[0], unique_len=40, max_tokens=2),
+                              *[RequestSpec(arrival_step=8, unique_len=500, max_tokens=2) for _ in range(3)],
+                              RequestSpec(arrival_step=35, prefix_ids=[0], unique_len=60, max_tokens=2,
+                                          external_tokens=319)])
 
 
-def test_a_load_delivers_the_saved_state_of_the_longest_saved_boundary():
-    trace = harness.run(saving_scenario())
-    adm = next(a for rec in trace.steps for a in rec.admissions if a.request_id == "r1")
-    assert (adm.local_hit_tokens, adm.external_tokens) == (0, 128)  # saves at 64 and 128 lie within 149
-    chunk = first_chunk(trace, "r1")
-    assert chunk.start == 128 and chunk.read_state == chunk.true_state
-    assert evaluate(saving_scenario(), "fixed").verdict.clean
+def saved(trace, rid):
+    """(step, block, tokens, state text) of each save of `rid`."""
+    out = []
+    for step, _, _, detail in (e for e in events(trace, "save") if e[2] == rid):
+        block, rest = detail.removeprefix("block ").split(" as the state after ")
+        tokens, state = rest.split(" tokens: holds ")
+        out.append((step, int(block), int(tokens), state))
+    return out
+
+
+def held_when_copied(trace, block, step):
+    """What the trace's writes left in `block` by the end of `step` (the copy follows the forward)."""
+    held = None
+    for rec in trace.steps[:step + 1]:
+        for w in rec.writes:
+            if w.block_id == block:
+                held = w.state
+    return held
+
+
+def connector_write(trace, rid):
+    (write,) = [w for rec in trace.steps for w in rec.writes if w.request_id == rid and w.cause == "connector"]
+    return write
+
+
+def test_saves_are_the_scheduler_hand_offs_and_hold_what_the_block_held_after_the_forward():
+    trace = harness.run(offload_scenario())
+    # r0's 64-token chunks cross 64, 128, 192 and 256, but the scheduler hands off only the
+    # boundaries it keeps (the default retention: the prompt's last, 256); the positional save of
+    # an earlier model saved all four
+    ((step, block, tokens, state),) = saved(trace, "r0")
+    assert tokens == 256 and state.startswith("state@256#")
+    assert str(held_when_copied(trace, block, step)) == state
+
+
+def test_a_load_delivers_exactly_what_the_hand_off_block_held_when_copied():
+    trace = harness.run(offload_scenario())
+    adm = next(a for rec in trace.steps for a in rec.admissions if a.request_id == "r4")
+    assert (adm.local_hit_tokens, adm.external_tokens) == (0, 256)  # the fillers evicted r0's local entries
+    ((step, block, _, state),) = saved(trace, "r0")
+    write = connector_write(trace, "r4")
+    assert str(write.state) == state == str(held_when_copied(trace, block, step))
+    chunk = first_chunk(trace, "r4")
+    assert chunk.start == 256 and chunk.read_state == chunk.true_state
+    assert evaluate(offload_scenario(), "fixed").verdict.clean
 
 
 def test_without_a_save_a_saved_load_source_finds_no_hit():
-    trace = harness.run(saving_scenario(connector_save=False))
-    adm = next(a for rec in trace.steps for a in rec.admissions if a.request_id == "r1")
+    trace = harness.run(offload_scenario(connector_save=False))
+    adm = next(a for rec in trace.steps for a in rec.admissions if a.request_id == "r4")
     assert adm.external_tokens == 0 and trace.connector_events == []
 
 
 def test_a_poisoned_save_travels_to_a_later_request_and_is_caught_there():
-    s = dataclasses.replace(saving_scenario(), engine=dataclasses.replace(saving_scenario().engine,
-                                                                          max_num_batched_tokens=100))
+    """The planted split lets r0's chunks end at 100, 200, 300: the block vLLM hashes as the state
+    after 256 tokens still holds the state after 200 when the scheduler hands it off, the
+    connector copies it, and r4 loads it."""
+    s = offload_scenario(max_num_batched_tokens=100)
     trace = harness.run(s, unaligned_split, "unaligned")
-    poisoned = [e for e in events(trace, "save") if e[2] == "r0" and "after 128 tokens: holds state@100#" in e[3]]
-    assert poisoned, trace.connector_events
-    chunk = first_chunk(trace, "r1")
-    assert chunk.start == 128 and chunk.read_state.num_tokens == 100 and chunk.true_state.num_tokens == 128
+    ((step, block, tokens, state),) = saved(trace, "r0")
+    assert tokens == 256 and state.startswith("state@200#")
+    assert str(connector_write(trace, "r4").state) == state == str(held_when_copied(trace, block, step))
+    chunk = first_chunk(trace, "r4")
+    assert chunk.start == 256 and chunk.read_state.num_tokens == 200 and chunk.true_state.num_tokens == 256
     uncached = harness.run(s, unaligned_split, "unaligned", prefix_caching=False)
     verdict = judge(trace, uncached)
-    assert any(f.request_id == "r1" for f in verdict.findings), [f.signature for f in verdict.findings]
-    # the same planted bug with a connector that loads the truth: r1 resumes correctly
-    truth = dataclasses.replace(s, engine=dataclasses.replace(s.engine, connector_load_source="truth"))
-    chunk = first_chunk(harness.run(truth, unaligned_split, "unaligned"), "r1")
+    caught = {f.signature for f in verdict.findings if f.request_id == "r4"}
+    assert any(sig.startswith("slot_hash") or sig.startswith("resume_state") for sig in caught), caught
+    assert any(sig.startswith("output_divergence") for sig in caught), caught
+    # the same planted bug with a connector that loads the truth: r4 resumes correctly
+    chunk = first_chunk(harness.run(offload_scenario(max_num_batched_tokens=100, connector_load_source="truth"),
+                                    unaligned_split, "unaligned"), "r4")
     assert chunk.read_state == chunk.true_state
+
+
+def test_a_vllm_without_hand_offs_saves_nothing_and_says_so(monkeypatch):
+    from mambafuzz.sim import vllm_bridge
+
+    monkeypatch.setattr(vllm_bridge, "BOUNDARY_STATE_OFFLOADS", False)
+    trace = harness.run(offload_scenario())
+    (unsupported,) = events(trace, "save-unsupported")
+    assert "kv_connector_block_state" in unsupported[3] and events(trace, "save") == []
+    adm = next(a for rec in trace.steps for a in rec.admissions if a.request_id == "r4")
+    assert adm.external_tokens == 0 and trace.crash is None and not trace.unfinished
 
 
 def test_a_bad_load_source_is_one_line():
@@ -225,9 +285,9 @@ def test_finished_ids_iterate_sorted():
     assert list(ids) == ["r0", "r10", "r2", "r3"] and "r3" in ids and len(ids) == 4
 
 
-def test_a_load_of_a_saved_state_carries_a_realism_note():
+def test_a_load_of_a_saved_state_carries_no_realism_note():
+    """The save follows vLLM's boundary-state hand-offs now, so a wrong saved state is one the
+    scheduler named; an earlier positional save carried a note that its findings may be the model's."""
     from mambafuzz.model.scenario import engine_realism_notes
 
-    assert any("boundary_state_offloads" in n for n in engine_realism_notes(saving_scenario().engine))
-    assert not any("boundary_state_offloads" in n for n in
-                   engine_realism_notes(saving_scenario(connector_load_source="truth").engine))
+    assert engine_realism_notes(offload_scenario().engine) == []
