@@ -98,6 +98,9 @@ ROW_WITHIN_TOKENS = "row-within-tokens"  # the row covers tokens its request has
 ROW_VERIFIES_DRAFTS = "row-verifies-drafts"  # drafts follow at least one real token, whose output checks the first
 ROW_STATE_IN_TABLE = "row-state-in-table"  # the mamba block table holds the block the row's state goes to
 ROW_COUNTS_ARE_INTEGERS = "row-counts-are-integers"  # token counts and positions are ints, as the worker indexes with them
+# A boundary-state hand-off names a boundary on the hash grid: Mooncake's store worker asserts it
+# (mooncake/store/worker.py:594-598, `_boundary_puts`) before keying the block by that prefix's hash.
+OFFLOAD_ON_HASH_GRID = "offload-on-hash-grid"
 
 
 def check_row(rid: str, start: int, num_tokens: int, num_drafts: int, request_tokens: int,
@@ -575,8 +578,12 @@ class _Runner:
             if group != self.session.mamba_group or live is None:
                 continue
             req = live.req
+            if tokens % unit:
+                raise SchedulerContractError(OFFLOAD_ON_HASH_GRID, f"{rid}'s boundary-state hand-off of block {block} is "
+                                             f"the state after {tokens} tokens, off the {unit}-token hash grid: a store "
+                                             "connector has no prefix hash to key it by (Mooncake asserts)")
             index = tokens // unit - 1
-            if req.is_finished() or rid in gone or block <= null or tokens % unit or not 0 <= index < len(req.block_hashes):
+            if req.is_finished() or rid in gone or block <= null or not 0 <= index < len(req.block_hashes):
                 self.trace.connector_events.append((rec.step, "offload-dropped", rid, f"block {block} at {tokens} tokens"))
                 continue
             state = self.model.state_of(block)

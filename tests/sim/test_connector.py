@@ -157,6 +157,20 @@ def test_a_vllm_without_hand_offs_saves_nothing_and_says_so(monkeypatch):
     assert adm.external_tokens == 0 and trace.crash is None and not trace.unfinished
 
 
+def test_a_hand_off_off_the_hash_grid_breaks_the_scheduler_contract(monkeypatch):
+    """A store connector keys a hand-off by the prefix hash ending at its boundary (Mooncake
+    asserts the boundary is on the hash grid): one that is not is a SchedulerContract finding
+    at the scheduler's output, not an entry silently dropped."""
+    from mambafuzz.sim import vllm_bridge
+
+    real = vllm_bridge.boundary_state_offloads
+    monkeypatch.setattr(vllm_bridge, "boundary_state_offloads",
+                        lambda out: [(r, g, b, t - 1) for r, g, b, t in (real(out) or [])])
+    trace = harness.run(offload_scenario())
+    assert trace.crash is not None and trace.crash.contract == harness.OFFLOAD_ON_HASH_GRID, trace.crash
+    assert events(trace, "save") == []
+
+
 def test_a_bad_load_source_is_one_line():
     raw = saving_scenario().to_json()
     raw["engine"]["connector_load_source"] = "disk"
