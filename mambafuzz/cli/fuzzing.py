@@ -225,7 +225,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     result = run_campaign(cfg)
     real = [p for p in result.new_files if not p.name.startswith("flaky-")]
     groups = (_group_findings(real, args.split, Path(args.findings), patch_specs, known_fix_dirs,
-                              replay=not result.interrupted) if real else [])
+                              replay=not result.interrupted, base=base) if real else [])
     print(f"\nsummary: {result.execs} executions in {result.seconds:.1f}s, {len(real)} new finding(s)"
           + (f" in {len(groups)} group(s) of shared symptoms" if groups else "")
           + (f", {len(result.new_files) - len(real)} flaky" if len(result.new_files) > len(real) else "")
@@ -239,7 +239,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     for i, g in enumerate(groups, 1):
         root = Path(g["root"])
         meta = finding_meta(root)
-        print(f"  group {i}: {meta.get('fine_signature', '?')}  reproduced {meta.get('reproduced', '?')}  {root}")
+        first_diff = g["members"][0].get("divergence")
+        print(f"  group {i}: {meta.get('fine_signature', '?')}  reproduced {meta.get('reproduced', '?')}  {root}"
+              + (f"  (first differs from the base at {first_diff})" if first_diff else ""))
         print(f"    repro: {meta.get('repro') or f'mambafuzz repro {root} --split {args.split}'}")
         for m in g["members"][1:]:
             print(f"    + {m['fine_signature']} [{m['why']}]  {m['path']}")
@@ -272,10 +274,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
 
 def _group_findings(paths: list[Path], split: str, findings: Path, patch_specs: list[str],
-                    known_fix_dirs: list[str], replay: bool = True) -> list[dict]:
+                    known_fix_dirs: list[str], replay: bool = True, base: str | None = None) -> list[dict]:
     """Group this campaign's new findings by shared symptom, replaying (unless not `replay`: after
     Ctrl-C) under what its workers ran (the vLLM here, its --patch specs and known fixes), and
-    write FINDINGS/root-causes.jsonl."""
+    write FINDINGS/root-causes.jsonl. With a `base` (the PR job), links are gated by each finding's
+    divergence key: its minimized case run here and on the base (mambafuzz.store.grouping)."""
     from mambafuzz.checks.pipeline import signature_of
     from mambafuzz.sim import patching
     from mambafuzz.store import grouping
@@ -283,8 +286,19 @@ def _group_findings(paths: list[Path], split: str, findings: Path, patch_specs: 
 
     patches = [p for spec in patch_specs for p in patching.load_patches(spec)]
     patches += [p for b in known_fix_bugs([Path(d) for d in known_fix_dirs]) if b.fix_error is None for p in b.patches]
-    groups = grouping.group(grouping.members([p for p in paths if p.exists()]),
-                            (lambda scenario, split: signature_of(scenario, split, patches)) if replay else None)
+    found = grouping.members([p for p in paths if p.exists()])
+    divergence = None
+    if base is not None and replay and found:
+        from mambafuzz.search.base_oracle import BaseOracle, divergence_keys
+
+        oracle = BaseOracle(base, split, known_fix_dirs)
+        try:
+            keys = divergence_keys(found, split, patches, oracle)
+        finally:
+            oracle.close()
+        divergence = lambda m: keys.get(m.path)  # noqa: E731
+    groups = grouping.group(found, (lambda scenario, split: signature_of(scenario, split, patches)) if replay else None,
+                            divergence)
     grouping.write(findings, groups)
     return groups
 

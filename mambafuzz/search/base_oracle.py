@@ -8,7 +8,8 @@ does the crash reproduce on the base build?  The base is another vLLM tree, whic
 process with the PR's, so it runs here, behind one narrow interface: a scenario in (one JSON
 line on stdin), its signature under the split out (`{"signature": S}`, null when clean;
 `{"rejected": why}` when the base cannot run the scenario; `{"error": why}` when mambafuzz
-failed on it there).
+failed on it there). A line `{"observe": scenario}` asks instead what the scenario's cached run
+shows there (`{"observed": ...}`, mambafuzz.sim.divergence), for the findings' divergence keys.
 
 `where` names the base: `installed` (the vLLM installed in this interpreter's environment, with
 no overlay on PYTHONPATH and no planted mutant) or a directory made by `ci/pr-overlay` (it holds
@@ -63,10 +64,10 @@ class BaseOracle:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=base_env(where), text=True, bufsize=1)
 
-    def _ask(self, scenario) -> dict:
+    def _ask(self, request) -> dict:
         if self.proc.poll() is not None:
             raise ToolError(f"the base process ({self.where}) exited {self.proc.returncode}")
-        self.proc.stdin.write(json.dumps(json.loads(scenario.dumps())) + "\n")
+        self.proc.stdin.write(json.dumps(request if isinstance(request, dict) else json.loads(request.dumps())) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -83,10 +84,45 @@ class BaseOracle:
             return f"rejected: {answer['rejected']}"
         return answer["signature"]
 
+    def observed(self, scenario) -> dict | None:
+        """What `scenario`'s cached run shows on the base (mambafuzz.sim.divergence.observed);
+        None when the base cannot run it."""
+        answer = self._ask({"observe": json.loads(scenario.dumps())})
+        if "error" in answer:
+            raise ToolError(f"on the base ({self.where}): {answer['error']}")
+        return answer.get("observed")
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
+
+
+def observe(scenario, split: str, patches=()) -> dict:
+    """What `scenario`'s cached run shows under `split` (and `patches`), as the base answers
+    `observe`: the two sides of a divergence key are computed alike."""
+    from mambafuzz.model.scenario import with_runner
+    from mambafuzz.sim import harness, patching, splits
+    from mambafuzz.sim.divergence import observed
+
+    with patching.applied(patches):
+        return observed(harness.run(with_runner(scenario, None), splits.resolve(split), split))
+
+
+def divergence_keys(found: list, split: str, patches, base: BaseOracle) -> dict:
+    """Each finding's divergence key (mambafuzz.sim.divergence.key) by its path: its minimized case
+    run here (the PR's vLLM, `patches`) and on `base`; None where either side cannot run it."""
+    from mambafuzz.model.scenario import ScenarioError
+    from mambafuzz.sim.divergence import key
+
+    keys = {}
+    for m in found:
+        try:
+            theirs = base.observed(m.scenario)
+            keys[m.path] = None if theirs is None else key(observe(m.scenario, split, patches), theirs)
+        except (ScenarioError, ToolError):
+            keys[m.path] = None
+    return keys
 
 
 def serve(settings: dict) -> int:
@@ -98,6 +134,11 @@ def serve(settings: dict) -> int:
     split = settings["split"]
     for line in sys.stdin:
         try:
+            request = json.loads(line)
+            if isinstance(request, dict) and "observe" in request:
+                sys.stdout.write(json.dumps({"observed": observe(loads(json.dumps(request["observe"])), split)}) + "\n")
+                sys.stdout.flush()
+                continue
             verdict = evaluate(loads(line), split, efficiency=False).verdict
             answer = {"signature": None if verdict.clean else verdict.primary.signature}
         except ScenarioError as exc:

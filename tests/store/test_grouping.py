@@ -57,3 +57,55 @@ def test_the_ci_summary_and_sarif_show_each_root_cause_once_and_pre_existing_as_
     assert [r["level"] for r in results] == ["error", "error", "note"]
     assert len(results[0]["relatedLocations"]) == 2 and "3 findings, one group of shared symptoms" in results[0]["message"]["text"]
     assert all(p.exists() for p in paths)  # every member stays on disk
+
+
+def _keyed(tmp_path):
+    """a and b: one mechanism and one divergence key; c: the same mechanism, another key (another
+    bug's change with the same symptom); d: the same mechanism, no key (the base could not run it)."""
+    d = tmp_path / "findings"
+    paths = [_file(d, n, "slot_hash:short", "slot_hash:short|mid-block,fresh,chunk-end", i) for i, n in enumerate("abcd", 1)]
+    keys = dict(zip(paths, ["rows.read_block", "rows.read_block", "rows.num_scheduled_tokens", None]))
+    return paths, lambda m: keys[m.path]
+
+
+def test_with_divergence_keys_findings_join_only_when_their_keys_agree(tmp_path):
+    paths, keys = _keyed(tmp_path)
+    groups = grouping.group(grouping.members(paths), replay, keys)
+    assert [[m["path"].rsplit("/", 1)[1] for m in g["members"]] for g in groups] == [["a.json", "b.json"], ["c.json"], ["d.json"]]
+    assert groups[0]["members"][1]["why"] == "mechanism" and groups[0]["members"][1]["divergence"] == "rows.read_block"
+    assert len(grouping.group(grouping.members(paths), replay)) == 1  # without a base: the symptom rules join all four
+
+
+def test_a_finding_linked_to_two_keyed_groups_joins_them_whatever_the_order(tmp_path):
+    d = tmp_path / "findings"
+    paths = [_file(d, "a", "slot_hash:short", "slot_hash:short|x", 1), _file(d, "b", "stale_read:short", "stale_read:short|y", 2),
+             _file(d, "c", "stale_read:short", "stale_read:short|y", 3)]
+    same = lambda m: "rows.read_block"  # noqa: E731
+    # c links b by mechanism, and a by replay (the fake replay: token seed 1 reaches stale_read:short)
+    for order in (paths, paths[::-1]):
+        groups = grouping.group(grouping.members(order), replay, same)
+        assert len(groups) == 1 and len(groups[0]["members"]) == 3
+
+
+def test_planted_bugs_with_one_symptom_stay_apart_and_one_bugs_findings_join():
+    """Three minimized findings with one coarse and fine signature (bench/RESULTS.md's sets):
+    two of manager_skip_one_token_more, one of split_realign_one_block_late. Each is keyed on
+    its own bug's vLLM against the unmutated one, as the PR job keys them."""
+    from pathlib import Path
+
+    from mambafuzz.search import mutants
+    from mambafuzz.search.base_oracle import observe
+    from mambafuzz.sim.divergence import key
+
+    data = Path(__file__).resolve().parent.parent / "data" / "grouping"
+    found = grouping.members([data / "skip_a.json", data / "skip_b.json", data / "realign.json"])
+    bug = {"skip_a.json": "manager_skip_one_token_more", "skip_b.json": "manager_skip_one_token_more",
+           "realign.json": "split_realign_one_block_late"}
+    keys = {m.path: key(observe(m.scenario, "fixed", mutants.patches(bug[m.path.name])), observe(m.scenario, "fixed"))
+            for m in found}
+    assert len({(m.signature, m.fine_signature) for m in found}) == 1  # one symptom
+    assert [keys[m.path] for m in found] == ["same-outputs", "same-outputs", "rows.num_scheduled_tokens"]
+    groups = grouping.group(found, None, lambda m: keys[m.path])
+    assert [[m["path"].rsplit("/", 1)[1] for m in g["members"]] for g in groups] == [
+        ["skip_a.json", "skip_b.json"], ["realign.json"]]
+    assert len(grouping.group(found, None)) == 1  # the symptom rule alone joins the two bugs
