@@ -75,6 +75,8 @@ SYMBOLS: dict[str, tuple[Place, ...]] = {
     **_at("vllm.v1.worker.gpu.model_states.mamba_hybrid", "MambaHybridModelState"),
     "worker_mamba_utils": (Place("vllm.v1.worker.mamba_utils", None),),
     "triton_utils_module": (Place("vllm.triton_utils", None),),
+    # The platform whose config check the bridge may have to build past (platform_gate.py).
+    "platforms_module": (Place("vllm.platforms", None),),
 }
 
 # Names a release may lack without losing the scheduler harness: only inputs that need them
