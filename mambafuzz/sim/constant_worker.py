@@ -17,6 +17,7 @@ from typing import Any
 from mambafuzz.model.scenario import Scenario
 from mambafuzz.model.step_plan import propose_drafts
 from mambafuzz.sim.engine_core import Batch, BatchQueue
+from mambafuzz.sim.vllm_compat.output import resumed_req_ids
 
 CONST_TOKEN = 7
 
@@ -45,7 +46,7 @@ class ConstantWorker:
         asynchronous = self.asynchronous
         correction = self.queue.worker_corrections(session, out) if asynchronous else {}
         if asynchronous:
-            for rid in [r.req_id for r in out.scheduled_new_reqs] + list(out.scheduled_cached_reqs.resumed_req_ids or ()):
+            for rid in [r.req_id for r in out.scheduled_new_reqs] + sorted(resumed_req_ids(out)):
                 self.known[rid] = session.request(rid).num_tokens
                 self.proposed.discard(rid)
         rows = []

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mambafuzz.sim.vllm_compat.output import resumed_req_ids
+
 
 @dataclass
 class Batch:
@@ -99,8 +101,8 @@ def in_flight_corrections(rejected_per_batch: list[dict[str, int]], out: Any, pr
             rejected[rid] = rejected.get(rid, 0) + n
     if not rejected:
         return {}
-    resumed = out.scheduled_cached_reqs.resumed_req_ids
+    resumed = resumed_req_ids(out)
     if not out.preempted_req_ids and not resumed:
         return rejected
-    dropped = preempted | set(resumed or ())
+    dropped = preempted | resumed
     return {rid: n for rid, n in rejected.items() if rid not in dropped}

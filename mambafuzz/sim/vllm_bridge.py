@@ -30,7 +30,7 @@ from mambafuzz.model import runners  # noqa: E402
 from mambafuzz.model.architectures import DEFAULT_MODEL  # noqa: E402
 from mambafuzz.model.scenario import EngineConfig, knobs  # noqa: E402
 from mambafuzz.sim import architectures, patching  # noqa: E402
-from mambafuzz.sim.vllm_compat import features  # noqa: E402
+from mambafuzz.sim.vllm_compat import features, platform_gate  # noqa: E402
 from mambafuzz.sim.vllm_compat.api import (  # noqa: E402
     CacheConfig,
     DraftTokenIds,
@@ -61,8 +61,10 @@ from mambafuzz.sim.vllm_compat.api import (  # noqa: E402
     init_none_hash,
     is_mamba_prefill_checkpoint_valid,
     make_block_hash_with_group_id,
+    platforms_module,
     resolve_kv_cache_block_sizes,
     sha256,
+    triton_utils_module,
 )
 from mambafuzz.sim.vllm_compat.resolve import describe_vllm  # noqa: E402
 
@@ -91,6 +93,8 @@ OFF_VALUES: dict[str, tuple] = {
 }
 PREFILL_CHECKPOINTS = features.has_prefill_checkpoint_rule(
     MambaSpec, get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid)
+RUNNER_CHOICE = features.has_runner_choice(VllmConfig)  # False from 0.34 on: Model Runner V2 only
+ROW_INDEX_FIELD = "req_id_to_index" in features.init_params(ModelRunnerOutput)  # False from 0.34 on
 
 
 @lru_cache(maxsize=1)
@@ -156,7 +160,9 @@ def vllm_config_for(e: EngineConfig, max_model_len: int, connector: bool = True)
         kv_connector=CONNECTOR_CLASS, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both",
         **({} if e.connector_failure_policy == "fail" else {"kv_load_failure_policy": e.connector_failure_policy}),
     ) if connector else None
-    vc = VllmConfig(
+    # vLLM 0.34's CPU platform check refuses x86 without triton-cpu (platforms/cpu.py:243); the
+    # harness runs no kernel, so the config is built past that one gate (platform_gate.py).
+    vc = platform_gate.build_past_triton_gate(lambda: VllmConfig(
         model_config=model_config,
         cache_config=cache_config,
         scheduler_config=scheduler_config,
@@ -166,7 +172,7 @@ def vllm_config_for(e: EngineConfig, max_model_len: int, connector: bool = True)
         # core its batch-queue depth (max_concurrent_batches); one unified KV-cache config stands for
         # the stages' (the scheduler sees one).
         parallel_config=ParallelConfig(pipeline_parallel_size=e.pipeline_parallel_size),
-    )
+    ), type(platforms_module.current_platform), triton_utils_module)
     # vLLM resolves `async_scheduling` (None: its default) in VllmConfig, and then CpuPlatform.
     # check_and_update_config turns it off on a CPU host (platforms/cpu.py: "not required on CPU").
     # The scheduler under test is the one a CUDA host runs, so the mode is set here, after both:
@@ -185,7 +191,9 @@ def default_runner(vc: VllmConfig) -> str:
     something (MTP is not named). Mirrored, because the property itself answers V1 on this
     CPU build for a reason a CUDA host does not have (no Triton); VLLM_USE_V2_MODEL_RUNNER is
     not consulted: a scenario that wants V1 says `runner: "v1"`. The flag maps back to a runner
-    through the registry (mambafuzz.model.runners.picked_by_vllm)."""
+    through the registry (mambafuzz.model.runners.picked_by_vllm). vLLM 0.34 has V2 only."""
+    if not RUNNER_CHOICE:
+        return runners.picked_by_vllm(True).name
     return runners.picked_by_vllm(not vc._get_v2_model_runner_unsupported_features()).name
 
 
@@ -232,6 +240,9 @@ def _checked_config(e: EngineConfig, max_model_len: int, connector: bool = True)
     if e.enable_prefix_caching and e.num_prefill_checkpoint_blocks and not PREFILL_CHECKPOINTS:
         raise ConfigRejected(f"cannot run on {VLLM}: no prefill-checkpoint rule "
                              "(get_mamba_prefill_checkpoint_position) for num_prefill_checkpoint_blocks > 0")
+    if e.runner is not None and not RUNNER_CHOICE and not runners.get(e.runner).use_v2_model_runner:
+        raise ConfigRejected(f"cannot run on {VLLM}: no Model Runner V1 (VllmConfig.use_v2_model_runner is gone) "
+                             f"for runner {e.runner!r}")
     try:
         return vllm_config_for(e, max_model_len, connector)
     except features.FeatureAbsent as exc:
@@ -341,7 +352,8 @@ class SchedulerSession:
         self.runner = engine.runner or default_runner(vc)
         # The scheduler reads the flag at start-up; it changes only how SchedulerOutput hands
         # resumed requests to the worker (as new requests under V2), not what is scheduled.
-        self.scheduler.use_v2_model_runner = runners.get(self.runner).use_v2_model_runner
+        if RUNNER_CHOICE:  # 0.34's Scheduler has no such flag: it always hands requests over as for V2
+            self.scheduler.use_v2_model_runner = runners.get(self.runner).use_v2_model_runner
         self.async_scheduling = bool(vc.scheduler_config.async_scheduling)
         self.batch_queue_depth = batch_queue_depth(vc, self.runner)
         self.hash_block_size = hash_block_size
@@ -424,9 +436,10 @@ class SchedulerSession:
             out,
             ModelRunnerOutput(
                 req_ids=req_ids,
-                req_id_to_index={r: i for i, r in enumerate(req_ids)},
                 sampled_token_ids=[sampled.get(r, []) for r in req_ids],
                 kv_connector_output=connector_output,
+                # 0.34 dropped the field and indexes by position in req_ids (scheduler.py:2356-2358).
+                **({"req_id_to_index": {r: i for i, r in enumerate(req_ids)}} if ROW_INDEX_FIELD else {}),
             ),
         )
 
@@ -495,10 +508,18 @@ class SchedulerSession:
         """(key, block) for every live prefix-cache key of the mamba group: the raw form, so the
         per-step audit can skip the entries it has already judged without building anything."""
         suffix = self._mamba_key_suffix
-        for key, value in self.block_pool.cached_block_hash_to_block._cache.items():
+        keys = self.block_pool.cached_block_hash_to_block
+        # vLLM 0.34 keeps block ids, not blocks: one id per key in `_cache`, and every id of a key
+        # several blocks share in `_dup_ids` (v1/core/block_pool.py:52-64). Before, a block or a dict of them.
+        dup_ids = getattr(keys, "_dup_ids", None)
+        blocks = self.block_pool.blocks
+        for key, value in keys._cache.items():
             if key[-4:] != suffix:  # the group id is the key's last 4 bytes (make_block_hash_with_group_id)
                 continue
-            if isinstance(value, dict):
+            if dup_ids is not None:
+                for block_id in dup_ids.get(key, (value,)):
+                    yield key, blocks[block_id]
+            elif isinstance(value, dict):
                 for block in value.values():
                     yield key, block
             else:

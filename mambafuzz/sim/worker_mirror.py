@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from mambafuzz.sim.vllm_compat.output import resumed_req_ids
+
 if TYPE_CHECKING:
     from mambafuzz.sim.kernel_model import KernelModel, RowResult
     from mambafuzz.sim.state import PrefixStates, State
@@ -28,8 +30,7 @@ def dropped_requests(out: Any) -> set[str]:
     dropped = set(out.finished_req_ids)
     if out.preempted_req_ids:
         dropped.update(out.preempted_req_ids)
-    if out.scheduled_cached_reqs.resumed_req_ids:
-        dropped.update(out.scheduled_cached_reqs.resumed_req_ids)
+    dropped.update(resumed_req_ids(out))
     return dropped
 
 

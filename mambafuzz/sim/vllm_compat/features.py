@@ -47,6 +47,14 @@ def has_prefill_checkpoint_rule(mamba_spec: type, position_fn: object, valid_fn:
             and {"num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment"} <= init_params(mamba_spec))
 
 
+def has_runner_choice(vllm_config_cls: type) -> bool:
+    """Whether the installed vLLM chooses between Model Runner V1 and V2 (0.32, 0.33: the
+    `VllmConfig.use_v2_model_runner` property, read by the Scheduler). vLLM 0.34 removed V1
+    (no `gpu_model_runner.py`, no such property; its Scheduler always acts as for V2,
+    v1/core/sched/scheduler.py:321), so only V2 inputs can run there."""
+    return isinstance(getattr(vllm_config_cls, "use_v2_model_runner", None), property)
+
+
 V1_BATCH_METHODS = ("add_request", "remove_request", "condense")
 
 

@@ -75,12 +75,17 @@ SYMBOLS: dict[str, tuple[Place, ...]] = {
     **_at("vllm.v1.worker.gpu.model_states.mamba_hybrid", "MambaHybridModelState"),
     "worker_mamba_utils": (Place("vllm.v1.worker.mamba_utils", None),),
     "triton_utils_module": (Place("vllm.triton_utils", None),),
+    # The platform whose config check the bridge may have to build past (platform_gate.py).
+    "platforms_module": (Place("vllm.platforms", None),),
 }
 
 # Names a release may lack without losing the scheduler harness: only inputs that need them
 # are refused (see features.py). Before 0.30 the prefill-checkpoint rule lived inside
 # MambaManager, with no function the kernel model can follow.
-OPTIONAL = frozenset({"get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid", "EagleModelTypes"})
+# Model Runner V1's worker code is gone in 0.34 (no gpu_input_batch.py): only V1 inputs (refused there by
+# the bridge), the V1 accepted-count probe (features.has_v1_accepted_probe) and `conform --runner v1` use it.
+OPTIONAL = frozenset({"get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid", "EagleModelTypes",
+                      "CachedRequestState", "InputBatch", "reorder_batch_to_split_decodes_and_prefills"})
 # Model classes whose state-shape functions mambafuzz/sim/architectures.py calls: resolved only when a scenario
 # names their architecture (importing them costs seconds, and one may not import on a CPU host).
 MODEL_CLASSES = frozenset({"Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM", "NemotronHForCausalLM",
