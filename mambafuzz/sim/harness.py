@@ -112,7 +112,7 @@ def check_row(rid: str, start: int, num_tokens: int, num_drafts: int, request_to
     align mode, 0 with `block_size` None: no prefix caching) past the table: tool failures on a
     vLLM bug.  So did a token count that is not an int (a `/` for a `//` in the split): the worker
     slices its inputs with it."""
-    if not all(type(v) is int for v in (start, num_tokens)):
+    if type(start) is not int or type(num_tokens) is not int:
         raise SchedulerContractError(ROW_COUNTS_ARE_INTEGERS, f"{rid} is scheduled for {num_tokens!r} token(s) from "
                                      f"position {start!r}: the worker indexes its inputs with both")
     end = start + num_tokens - num_drafts
@@ -333,7 +333,7 @@ class _Runner:
     def _on_forward(self, batch: Batch) -> None:
         rec, event, waiting = self._step
         if event is not None:
-            event.scheduled, event.published = batch.index, tuple(self.session.take_inserted())
+            event.scheduled, event.published = batch.index, self.session.take_inserted()
         self._forward(rec, batch, waiting)
         if self.plan.in_flight_aborts_at:
             self._take_in_flight_aborts(rec.step)
@@ -348,7 +348,7 @@ class _Runner:
             self.session.take_inserted()
         self._apply(rec, batch)
         if event is not None:
-            event.applied, event.published_on_update = batch.index, tuple(self.session.take_inserted())
+            event.applied, event.published_on_update = batch.index, self.session.take_inserted()
 
     def _take_in_flight_aborts(self, step: int) -> None:
         """Aborts that arrive while `step`'s batch executes join the aborts queue (once a step)."""
@@ -365,7 +365,7 @@ class _Runner:
             session.add_request(rid, truth.tokens, r.max_tokens, float(step))  # vLLM gets a copy
             self.live[rid] = _Live(i, truth, session.request(rid))
             self.unadmitted.add(rid)
-            rec.arrivals.append(rid)
+            rec.add("arrivals", rid)
             if self.async_mode and self.prefix_caching:
                 # schedule() may publish the prompt's blocks before any output of this request is
                 # applied (the audit's book otherwise learns hashes after update_from_output)
@@ -392,7 +392,7 @@ class _Runner:
             session.add_request(rid, truth.tokens, r.max_tokens, float(step))  # vLLM gets a copy
             self.live[rid] = _Live(i, truth, session.request(rid))
             self.unadmitted.add(rid)
-            rec.arrivals.append(rid)
+            rec.add("arrivals", rid)
             self.trace.continuations[rid] = (self.ids[j], n, truth.at(len(prompt)).fingerprint)
             self.trace.prompt_lens[rid] = len(prompt)
             if self.async_mode and self.prefix_caching:
@@ -444,7 +444,7 @@ class _Runner:
             start = req.num_computed_tokens - n
             order = connector_orders.get(rid)
             ext = order.num_external_tokens if order else 0
-            rec.admissions.append(Admission(rid, start - ext, ext, bool(order and order.load_async)))
+            rec.add("admissions", Admission(rid, start - ext, ext, bool(order and order.load_async)))
             self.trace.prefix_hit_tokens += start - ext
             self.unadmitted.discard(rid)
             live = self.live[rid]
@@ -718,7 +718,7 @@ class _Runner:
             if req.is_finished():
                 if rid not in self.trace.finish_status:
                     self.trace.finish_status[rid] = req.status.name
-                    rec.finished.append(rid)
+                    rec.add("finished", rid)
                 continue
             # EngineCore.post_step hands the drafter's proposals to the scheduler only when
             # synchronous; under async they stay on the worker (_run_row)
@@ -785,4 +785,4 @@ class _Runner:
             entry = vb.SchedulerSession.mamba_entry(key, block)
             if new:
                 self.trace.hashed_snapshots += 1
-            rec.cache.append(describe(entry.block_hash, entry.block_id, entry.primary, entry.claimed_tokens, new))
+            rec.add("cache", describe(entry.block_hash, entry.block_id, entry.primary, entry.claimed_tokens, new))

@@ -59,18 +59,51 @@ class Admission(NamedTuple):
     external_async: bool
 
 
+class _NoItems(list):
+    """An empty list that refuses to change: `NO_ITEMS`, shared by every StepRecord field a step
+    leaves empty. A step fills few of its lists (a run's arrivals, admissions, cache entries and
+    finishes land on a tenth of its steps), and a fresh empty list per field and step was most of
+    the objects a run kept alive, each bringing the next garbage collection closer. A writer that
+    appends to a shared field fails here at once instead of filling every record."""
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("this StepRecord field is the shared NO_ITEMS: fill it with StepRecord.add")
+
+    append = extend = insert = remove = pop = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+
+
+NO_ITEMS: list = _NoItems()
+
+
+def _no_items() -> list:
+    return NO_ITEMS
+
+
 @dataclass
 class StepRecord:
+    """One engine step. `chunks` and `writes` are the record's own lists (most steps run a row);
+    the other list fields start as the shared, unchangeable NO_ITEMS (equal to, and printed as,
+    an empty list) until `add` or an assignment gives them a list of their own."""
+
     step: int
-    arrivals: list[str] = field(default_factory=list)
-    aborts: list[str] = field(default_factory=list)
-    admissions: list[Admission] = field(default_factory=list)
+    arrivals: list[str] = field(default_factory=_no_items)
+    aborts: list[str] = field(default_factory=_no_items)
+    admissions: list[Admission] = field(default_factory=_no_items)
     chunks: list[Chunk] = field(default_factory=list)
     writes: list[SlotWrite] = field(default_factory=list)
-    cache: list[CacheEntry] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)
-    finished: list[str] = field(default_factory=list)
-    recv_done: list[str] = field(default_factory=list)
+    cache: list[CacheEntry] = field(default_factory=_no_items)
+    preempted: list[str] = field(default_factory=_no_items)
+    finished: list[str] = field(default_factory=_no_items)
+    recv_done: list[str] = field(default_factory=_no_items)
+
+    def add(self, name: str, item: object) -> None:
+        """Append `item` to the list field `name`, which gets a list of its own first if it is NO_ITEMS."""
+        items = getattr(self, name)
+        if items is NO_ITEMS:
+            items = []
+            setattr(self, name, items)
+        items.append(item)
 
 
 @dataclass

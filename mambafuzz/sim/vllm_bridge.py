@@ -495,12 +495,12 @@ class SchedulerSession:
             changes[0] += 1
         return self._key_changes[0]
 
-    def take_inserted(self) -> list[int]:
+    def take_inserted(self) -> tuple[int, ...]:
         """The mamba blocks keyed in the prefix cache since the last call (once the watch is on)."""
         inserted = self._inserted
         if not inserted:
-            return []
-        out = inserted[:]
+            return ()
+        out = tuple(inserted)
         inserted.clear()
         return out
 
