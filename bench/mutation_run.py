@@ -267,8 +267,9 @@ def main() -> int:
     todo = [m for m in chosen if (m.id, mt.digest(m.target), args.generator, args.max_time) not in have]
     rows = [r for r in done if r["generator"] == args.generator and r["max_time"] == args.max_time
             and r["function"] in generated]
-    if args.replay_survivors:
-        replay_survivors(rows, args.replay_survivors)
+    if args.replay_survivors:  # the chosen mutants' survivors only, so --shard splits this work too
+        chosen_ids = {m.id for m in chosen}
+        replay_survivors([r for r in rows if r["id"] in chosen_ids], args.replay_survivors)
         return 0
     if args.fork_server and args.generator != "random":
         print("mutation_run: --fork-server runs generators with their own loop only (random); libFuzzer "
