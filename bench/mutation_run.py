@@ -232,6 +232,7 @@ def main() -> int:
     p.add_argument("--keep", metavar="DIR", help="copy each campaign's first finding here")
     p.add_argument("--replay-survivors", nargs="+", metavar="DIR",
                    help="replay every case under DIRs against each survivor in --jsonl (no campaigns)")
+    p.add_argument("--evidence", metavar="OUT", help="with --replay-survivors: also write the evidence per survivor as JSON")
     p.add_argument("--list", action="store_true",
                    help="list each function's count (kept of generated) and the mutants, and exit")
     p.add_argument("--statements", action="store_true",
@@ -269,7 +270,9 @@ def main() -> int:
             and r["function"] in generated]
     if args.replay_survivors:  # the chosen mutants' survivors only, so --shard splits this work too
         chosen_ids = {m.id for m in chosen}
-        replay_survivors([r for r in rows if r["id"] in chosen_ids], args.replay_survivors)
+        evidence = replay_survivors([r for r in rows if r["id"] in chosen_ids], args.replay_survivors)
+        if args.evidence:
+            Path(args.evidence).write_text(json.dumps(evidence, indent=1))
         return 0
     if args.fork_server and args.generator != "random":
         print("mutation_run: --fork-server runs generators with their own loop only (random); libFuzzer "
