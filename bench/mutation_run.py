@@ -314,7 +314,9 @@ def main() -> int:
                             record(r)
         except KeyboardInterrupt:
             print("interrupted: the table has the mutants that finished", file=sys.stderr)
-    how = "fork server: the time box is all fuzzing" if args.fork_server else "a mambafuzz fuzz process each"
+    forked = {bool(r.get("fork_server")) for r in rows} or {args.fork_server}
+    how = ("fork server: the time box is all fuzzing" if forked == {True} else
+           "a mambafuzz fuzz process each" if forked == {False} else "some forked, some a process each")
     print(f"\n{args.generator}, {args.max_time:.0f}s per mutant ({how}), empty corpus, --split fixed, "
           "first finding attributed")
     print(table(rows, generated))
