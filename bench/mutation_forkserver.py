@@ -84,6 +84,7 @@ def _fork(body: Callable[[], int], log: Path) -> int:
     rc = 3
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
@@ -145,6 +146,9 @@ def run(mutant_ids: Iterable[str], *, max_time: float, minimize_budget: float, k
     children at a time. Rows have the keys of bench/mutation_run.py's subprocess campaigns."""
     todo = list(mutant_ids)
     running: dict[int, _Job] = {}
+    # A terminated parent (a CI time-out) stops its children too: SIGTERM ends the loop below as
+    # Ctrl-C does, and its `finally` kills what still runs.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     slack = minimize_budget + 120  # start-up of the child, minimizing, filing
 
     def start_campaign(mutant_id: str) -> None:
