@@ -24,6 +24,11 @@ What differs from a subprocess campaign, and is said wherever its figures are qu
   fork cannot stand in for.
 
 All forking is done from the main thread of a single-threaded parent.
+
+Do not change the checkout while a run goes on. The children inherit the modules the parent
+imported, but one they import later comes from disk, so an edit mixes versions. vLLM loads the
+simulated connector by module path, for example, and so `warm` imports it too. A run during this
+project's merges let mutants survive that a clean run kills within a second (docs/MUTATION.md).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ def warm() -> None:
     import mambafuzz.search.mutants  # noqa: F401
     import mambafuzz.search.random_worker  # noqa: F401
     import mambafuzz.search.target_runtime  # noqa: F401
+    import mambafuzz.sim.connector  # noqa: F401  (vLLM imports it by module path, in the child otherwise)
     import mambafuzz.store.corpus  # noqa: F401
 
 
