@@ -11,14 +11,17 @@ from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ScenarioError, from_json
 from mambafuzz.sim import harness
 
+# The engine both saving scenarios run on: 64-token blocks and budget, synchronous, a connector
+# that saves and loads what it saved.
+SAVING = dict(mamba_block_size=64, attn_block_size=64, max_num_batched_tokens=64, max_num_seqs=4,
+              async_scheduling=False, connector_save=True, connector_load_source="saved")
+
 
 def saving_scenario(**engine) -> Scenario:
     """r0 computes a 150-token shared prefix in 64-token chunks and saves its mamba blocks; r1
     arrives after r0 finished and claims up to 149 tokens from the connector. vLLM's default
     retention keeps no local mamba state below 150 tokens, so only the connector can serve r1."""
-    knobs = dict(mamba_block_size=64, attn_block_size=64, max_num_batched_tokens=64, max_num_seqs=4,
-                 async_scheduling=False, connector_save=True, connector_load_source="saved")
-    knobs.update(engine)
+    knobs = {**SAVING, **engine}
     return Scenario(engine=EngineConfig(**knobs), prefixes=[150], token_seed=1,
                     requests=[RequestSpec(prefix_ids=[0], unique_len=150, max_tokens=2),
                               RequestSpec(arrival_step=14, prefix_ids=[0], unique_len=100, max_tokens=2,
@@ -61,9 +64,7 @@ def offload_scenario(**engine) -> Scenario:
     boundary, 256. Three 500-token requests then fill the 36-block pool and evict r0's local
     entries, so r4 (the shared prefix plus 60 tokens, claiming 319 from the connector) has no local
     hit and only the connector's saved state at 256 can serve it."""
-    knobs = dict(mamba_block_size=64, attn_block_size=64, max_num_batched_tokens=64, max_num_seqs=4,
-                 async_scheduling=False, connector_save=True, connector_load_source="saved", num_gpu_blocks=36)
-    knobs.update(engine)
+    knobs = {**SAVING, "num_gpu_blocks": 36, **engine}
     return Scenario(engine=EngineConfig(**knobs), prefixes=[260], token_seed=1,
                     requests=[RequestSpec(prefix_ids=[0], unique_len=40, max_tokens=2),
                               *[RequestSpec(arrival_step=8, unique_len=500, max_tokens=2) for _ in range(3)],
