@@ -60,6 +60,13 @@ from mambafuzz.upstream.vllm_template import (
 TINY_CONFIG = Path(__file__).parent.parent / "tiny_model" / "config.json"
 MAMBA_GROUPS = 3  # mamba KV-cache groups in a --style vllm test: the harness's tiny model has three
 
+def _row_index() -> str:
+    """ModelRunnerOutput's `req_id_to_index` argument as the exported tests pass it, only where the
+    vLLM the export runs against still has the field (0.34 removed it): a test matches its vLLM."""
+    from mambafuzz.sim.vllm_bridge import ROW_INDEX_FIELD
+
+    return "req_id_to_index={r: i for i, r in enumerate(ids)}, " if ROW_INDEX_FIELD else ""
+
 
 STYLES = ("standalone", "vllm")
 
@@ -151,6 +158,7 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
                  "external": r.external_tokens, "external_async": r.external_async, "abort": r.abort_step} for i, (rid, r) in enumerate(zip(s.request_ids(), s.requests))]
     name = re.sub(r"\W+", "_", case.path.stem).strip("_").lower()
     return TEMPLATE.format(
+        row_index=_row_index(),
         title=title or f"Regression test for {case.path.stem}", case_name=case.path.name, signature=sig,
         why=why.strip() + "\n" if why.strip() else "", engine=json.dumps(engine), requests=json.dumps(requests),
         num_blocks=s.engine.num_gpu_blocks or ample_pool_blocks(s), max_model_len=s.max_model_len(),
@@ -195,6 +203,7 @@ def vllm_test_source(case: Case, title: str = "") -> str:
     requests = {rid: (r.arrival_step, s.prompt_len(i), r.max_tokens)
                 for i, (rid, r) in enumerate(zip(s.request_ids(), s.requests))}
     return SCHEDULER_TEMPLATE.format(
+        row_index=_row_index(),
         title=title, why=WHY[check], case_name=case.path.name, signature=sig, test_name=name,
         num_spec=e.num_speculative_tokens if e.spec_method != "none" else 0,
         threshold=e.long_prefill_token_threshold, requests=requests, budget=e.max_num_batched_tokens,
@@ -250,6 +259,7 @@ def _hybrid_source(case: Case, s, sig: str, check: str, title: str, name: str) -
             raise ExportError(why + "the short admission test admits requests of one prompt length with one sync "
                               "connector token count, distinct prompts, all at step 0 (use --style standalone)")
         return ADMISSION_TEMPLATE.format(
+        row_index=_row_index(),
             why=WHY["no_crash_admission"], imports=HYBRID_IMPORTS, extra_helpers=", mock_kv", constants="",
             num_requests=len(ids),
             prompt_len=lens.pop(), external=max(external), **fields)
@@ -262,6 +272,7 @@ def _hybrid_source(case: Case, s, sig: str, check: str, title: str, name: str) -
                           "(use --style standalone)")
     _check_prompt_sharing(s, fields["hash_block_size"], why)
     return SLOT_HASH_TEMPLATE.format(
+        row_index=_row_index(),
         why=WHY[check], imports=SLOT_HASH_IMPORTS, extra_helpers="", constants=_requests_line(s), **fields)
 
 
@@ -311,7 +322,7 @@ def _stall_source(s, fields: dict, why: str) -> str:
                          kv_output=STALL_KV_OUTPUT, imports=STALL_IMPORTS)
         fields["pre_imports"] = STALL_PRE_IMPORTS
     fields["extra_helpers"] = ", mock_kv" if connector["worker"] else ""
-    return STALL_TEMPLATE.format(why=WHY[EVERY_REQUEST_FINISHES], constants=constants, **connector, **fields)
+    return STALL_TEMPLATE.format(why=WHY[EVERY_REQUEST_FINISHES], row_index=_row_index(), constants=constants, **connector, **fields)
 
 
 def _v1_accepted_source(case: Case, sig: str, title: str, why: str) -> str:

@@ -219,7 +219,7 @@ def test_{test_name}(tmp_path):
         done = set(scheduler.connector.loading)
         scheduler.connector.loading.clear()
         scheduler.update_from_output(out, ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={{r: i for i, r in enumerate(ids)}}, sampled_token_ids=sampled,
+            req_ids=ids, {row_index}sampled_token_ids=sampled,
             kv_connector_output=KVConnectorOutput(finished_recving=done) if done else None))
         if CHECK == "published_state_written":
             check_published(step, manager, written, published)

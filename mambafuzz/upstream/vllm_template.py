@@ -48,9 +48,7 @@ def test_{test_name}():
         ids = list(output.num_scheduled_tokens)
         done = [requests[i].num_computed_tokens >= requests[i].num_tokens for i in ids]
         scheduler.update_from_output(output, ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={{req_id: n for n, req_id in enumerate(ids)}},
-            sampled_token_ids=[[0] if d else [] for d in done],
+            req_ids=ids, {row_index}sampled_token_ids=[[0] if d else [] for d in done],
         ))
     assert not scheduler.has_unfinished_requests()
 '''
@@ -137,7 +135,7 @@ def test_{test_name}():
         ids = list(output.num_scheduled_tokens)
         done = [[0] if requests[r].num_computed_tokens >= requests[r].num_tokens else [] for r in ids]
         scheduler.update_from_output(output, ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={{r: i for i, r in enumerate(ids)}}, sampled_token_ids=done))
+            req_ids=ids, {row_index}sampled_token_ids=done))
 """
 
 # The admitted blocks: a request the pool cannot hold yet must wait; schedule() must not raise.
@@ -187,7 +185,7 @@ def test_{test_name}():
 {worker}        ids = list(output.num_scheduled_tokens)
         done = [[0] if requests[r].num_computed_tokens >= requests[r].num_tokens else [] for r in ids]
         scheduler.update_from_output(output, ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={{r: i for i, r in enumerate(ids)}}, sampled_token_ids=done{kv_output}))
+            req_ids=ids, {row_index}sampled_token_ids=done{kv_output}))
     stuck = {{r: last_scheduled.get(r) for r, request in requests.items() if not request.is_finished()}}
     assert not stuck, f"unfinished after {max_steps} steps (request: last step scheduled): {{stuck}}"
 """

@@ -129,7 +129,9 @@ def _pytest_in(tree: Path, files: list[Path], fix: Path | None) -> subprocess.Co
     # after the tree and this checkout, any vLLM tree already on PYTHONPATH (ci/pr-overlay's 0.33.0)
     path = os.pathsep.join(p for p in (str(tree), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tree / "hf"), PYTHONPATH=path)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir", str(tree),
+    # cpu_gate_plugin: vLLM 0.34's CPU platform refuses this host (no triton-cpu) in any VllmConfig
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+           "-p", "mambafuzz.upstream.cpu_gate_plugin", "--rootdir", str(tree),
            "-o", "addopts=", "-W", "ignore::pytest.PytestUnknownMarkWarning", *map(str, files)]
     if fix is not None:
         env["MAMBAFUZZ_PATCHES"] = str(fix)
