@@ -3,7 +3,7 @@
 vLLM 0.34's CPU platform refuses such a host while building any VllmConfig (vllm/platforms/cpu.py:
 242-243), which stops vLLM's own `create_scheduler` before a scheduler exists. The exported tests
 never run a kernel, so where (and only where) that check refuses for want of Triton, it is run again
-with vLLM's Triton flag on for its duration (mambafuzz.sim.vllm_compat.platform_gate). A vLLM whose
+with vLLM's Triton flag on for its duration (`platform_gate.pass_gate_on_refusal`). A vLLM whose
 check passes is untouched. Used by tests/upstream/test_export.py; load it with
 `python -m pytest -p mambafuzz.upstream.cpu_gate_plugin ...`. Nothing in an exported test needs it
 on a CUDA host or with triton-cpu installed."""
@@ -15,25 +15,6 @@ def pytest_configure(config) -> None:  # noqa: ARG001 (pytest's hook signature)
     import vllm.triton_utils as triton_utils
     from vllm.platforms.cpu import CpuPlatform
 
-    from mambafuzz.sim.vllm_compat.platform_gate import refused_by_triton_gate
+    from mambafuzz.sim.vllm_compat.platform_gate import pass_gate_on_refusal
 
-    check = CpuPlatform.__dict__.get("check_and_update_config")
-    if not isinstance(check, classmethod) or getattr(check.__func__, "_past_triton_gate", False):
-        return
-    original = check.__func__
-
-    def past_gate(cls, vllm_config) -> None:
-        try:
-            return original(cls, vllm_config)
-        except RuntimeError as exc:
-            if not refused_by_triton_gate(exc, triton_utils):
-                raise
-        before = triton_utils.HAS_TRITON
-        triton_utils.HAS_TRITON = True
-        try:
-            return original(cls, vllm_config)
-        finally:
-            triton_utils.HAS_TRITON = before
-
-    past_gate._past_triton_gate = True  # type: ignore[attr-defined]
-    CpuPlatform.check_and_update_config = classmethod(past_gate)
+    pass_gate_on_refusal(CpuPlatform, triton_utils)

@@ -93,3 +93,30 @@ def test_resumed_requests_without_the_field_are_none():
     assert resumed_req_ids(types.SimpleNamespace(scheduled_cached_reqs=cached)) == {"a"}
     gone = types.SimpleNamespace(req_ids=[])  # vLLM 0.34's CachedRequestData
     assert resumed_req_ids(types.SimpleNamespace(scheduled_cached_reqs=gone)) == set()
+
+
+def test_an_installed_gate_retries_only_a_refused_check_and_restores_the_flag():
+    tu, platform, seen = _fake(refuse=True)
+    platform_gate.pass_gate_on_refusal(platform, tu)
+    platform_gate.pass_gate_on_refusal(platform, tu)  # a second install wraps once
+    platform.check_and_update_config(None)
+    assert seen == [False, True] and tu.HAS_TRITON is False
+    tu2, passing, seen2 = _fake(refuse=False)
+    platform_gate.pass_gate_on_refusal(passing, tu2)
+    passing.check_and_update_config(None)
+    assert seen2 == [False]  # a check that passes runs once, flag untouched
+
+
+def test_an_installed_gate_lets_a_refusal_the_flag_does_not_lift_through():
+    tu, platform, _ = _fake(refuse=False)
+    original = platform.__dict__["check_and_update_config"].__func__
+
+    def other(cls, vllm_config):
+        original(cls, vllm_config)
+        raise RuntimeError("some other refusal")
+
+    other.__code__ = other.__code__.replace(co_filename="/x/vllm/platforms/cpu.py", co_name="check_and_update_config")
+    platform.check_and_update_config = classmethod(other)
+    platform_gate.pass_gate_on_refusal(platform, tu)
+    with pytest.raises(RuntimeError, match="some other refusal"):
+        platform.check_and_update_config(None)

@@ -86,3 +86,31 @@ def build_past_triton_gate(make: Callable[[], T], platform_cls: type, triton_uti
         _gated[0] = True
     with triton_stand_in(platform_cls, triton_utils):
         return make()
+
+
+def pass_gate_on_refusal(platform_cls: type, triton_utils: ModuleType) -> None:
+    """Make every later `platform_cls.check_and_update_config` call pass the Triton gate the way
+    `build_past_triton_gate` passes one build: the check runs as it is, and only when it refuses for
+    want of Triton does it run again with the flag True for that one call. For code that builds its
+    own configs (vLLM's test helpers in an exported test: mambafuzz.upstream.cpu_gate_plugin).
+    Installing it twice wraps once."""
+    current = platform_cls.__dict__.get(CHECK)
+    if not isinstance(current, classmethod) or getattr(current.__func__, "_past_triton_gate", False):
+        return
+    original = current.__func__
+
+    def past_gate(cls: type, vllm_config: object) -> None:
+        try:
+            return original(cls, vllm_config)
+        except RuntimeError as exc:
+            if not refused_by_triton_gate(exc, triton_utils):
+                raise
+        before = triton_utils.HAS_TRITON
+        triton_utils.HAS_TRITON = True
+        try:
+            return original(cls, vllm_config)
+        finally:
+            triton_utils.HAS_TRITON = before
+
+    past_gate._past_triton_gate = True  # type: ignore[attr-defined]
+    setattr(platform_cls, CHECK, classmethod(past_gate))
