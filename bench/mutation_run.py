@@ -116,7 +116,10 @@ def replay_survivors(rows: list[dict], dirs: list[str]) -> dict[str, dict]:
     - `efficiency`: a case clean with the mutant but worse in cache hits than unmutated vLLM
       (strict efficiency oracle, which campaigns do not run);
     - `differs`: how many cases schedule differently at all (trace digest): 0 of many is the
-      first hint of an equivalent mutant, never the proof."""
+      first hint of an equivalent mutant, never the proof;
+    - `raised`: how many cases the unmutated vLLM runs but that raise out of `evaluate` with the
+      mutant (a tool failure: the harness met state it cannot judge), and the first one. Not 0 is a
+      gap in mambafuzz to look at, not evidence that the mutant is harmless."""
     from mambafuzz.checks.pipeline import evaluate
     from mambafuzz.search import mutants
     from mambafuzz.store.corpus import load_case
@@ -140,13 +143,15 @@ def replay_survivors(rows: list[dict], dirs: list[str]) -> dict[str, dict]:
     for r in rows:
         if r["status"] != "survived":
             continue
-        e: dict = {"kills": None, "efficiency": None, "differs": 0, "cases": 0}
+        e: dict = {"kills": None, "efficiency": None, "differs": 0, "cases": 0, "raised": 0, "raised_first": None}
         for path, sc in cases:
             if path not in base:
                 continue
             try:
                 ev = evaluate(sc, "fixed", efficiency=True, strict_efficiency=True, patches=mutants.patches(r["id"]))
-            except Exception:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - counted: the run did not judge this case
+                e["raised"] += 1
+                e["raised_first"] = e["raised_first"] or f"{path} ({type(exc).__name__}: {str(exc)[:200]})"
                 continue
             e["cases"] += 1
             e["differs"] += trace_digest(ev.trace) != base[path][1]
@@ -158,7 +163,8 @@ def replay_survivors(rows: list[dict], dirs: list[str]) -> dict[str, dict]:
                     e["kills"] = e["kills"] or f"{path} ({kind})"
         out[r["id"]] = e
         print(f"  {r['id']:52} differs on {e['differs']}/{e['cases']}; kills: {e['kills']}; "
-              f"efficiency: {e['efficiency']}  [{r['change'][:90]}]", flush=True)
+              f"efficiency: {e['efficiency']}" + (f"; RAISED on {e['raised']}: {e['raised_first']}" if e["raised"] else "")
+              + f"  [{r['change'][:90]}]", flush=True)
     return out
 
 

@@ -101,6 +101,8 @@ ROW_COUNTS_ARE_INTEGERS = "row-counts-are-integers"  # token counts and position
 # A boundary-state hand-off names a boundary on the hash grid: Mooncake's store worker asserts it
 # (mooncake/store/worker.py:594-598, `_boundary_puts`) before keying the block by that prefix's hash.
 OFFLOAD_ON_HASH_GRID = "offload-on-hash-grid"
+# schedule() hands the engine core a SchedulerOutput (EngineCore.step passes it to the executor as is)
+SCHEDULE_RETURNS_OUTPUT = "schedule-returns-output"
 
 
 def check_row(rid: str, start: int, num_tokens: int, num_drafts: int, request_tokens: int,
@@ -299,6 +301,8 @@ class _Runner:
             raise
         except SchedulerContractError as exc:
             self.trace.crash = exc.crash(step)
+        except vb.NoSchedulerOutput as exc:
+            self.trace.crash = SchedulerContractError(SCHEDULE_RETURNS_OUTPUT, str(exc)).crash(step)
         except Exception as exc:
             self.trace.crash = _crash_or_tool_error(exc, step)
         if self.prefix_caching and self.trace.crash is None and not self.trace.timed_out:

@@ -316,6 +316,11 @@ class SortedIds(set):
         return iter(sorted(set.__iter__(self)))
 
 
+class NoSchedulerOutput(Exception):
+    """`schedule()` returned something that is not a SchedulerOutput: vLLM broke its contract with
+    the engine core (the harness files it as a contract finding, SCHEDULE_RETURNS_OUTPUT)."""
+
+
 class SchedulerSession:
     """One real vLLM Scheduler plus the handles the harness needs to drive and observe it."""
 
@@ -418,7 +423,10 @@ class SchedulerSession:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     def schedule(self) -> SchedulerOutput:
-        return self.scheduler.schedule()
+        out = self.scheduler.schedule()
+        if not isinstance(out, SchedulerOutput):  # the worker could not even start on it
+            raise NoSchedulerOutput(f"Scheduler.schedule() returned {type(out).__name__}, not a SchedulerOutput")
+        return out
 
     def feed(self, out: SchedulerOutput, sampled: dict[str, list[int]], finished_recving: set[str],
              failed_recving: set[str] | None = None, finished_sending: set[str] | None = None) -> None:

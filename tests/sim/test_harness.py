@@ -215,3 +215,24 @@ def test_each_rule_of_vllms_row_contract_is_checked_by_name_before_the_harness_u
     harness.check_row("r0", 16, 4, 0, 40, [7, 8], block)
     harness.check_row("r0", 16, 4, 0, 40, [7], None)  # prefix caching off: the state lives in column 0
     harness.check_row("r0", 9, 3, 2, 10, [7], block)  # one real token, then two drafts
+
+
+def test_a_schedule_that_returns_no_output_is_a_contract_finding_not_a_tool_failure(monkeypatch):
+    """A vLLM whose schedule() returns None (a mutant that drops the return) gives a finding named
+    by the broken rule, at the step it happens; the unmodified scheduler runs the same case clean."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    s = shared_prefix_scenario()
+    assert harness.run(s).crash is None
+    real = Scheduler.schedule
+    calls = []
+
+    def schedule_drops_output_at_step_2(self):
+        calls.append(1)
+        out = real(self)
+        return None if len(calls) == 3 else out
+
+    monkeypatch.setattr(Scheduler, "schedule", schedule_drops_output_at_step_2)
+    crash = harness.run(s).crash
+    assert crash is not None and crash.contract == harness.SCHEDULE_RETURNS_OUTPUT, crash
+    assert crash.vllm_frame == "scheduler-output" and crash.step == 2 and "NoneType" in crash.message

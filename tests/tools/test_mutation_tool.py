@@ -289,3 +289,31 @@ def test_the_fork_server_kills_a_crashing_mutant_and_keeps_its_parent_clean(tmp_
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-3:] == ["killed", "survived", "True"]
+
+
+def test_replaying_survivors_counts_the_cases_that_raise_with_the_mutant(monkeypatch, tmp_path):
+    """A case the unmutated vLLM runs but that raises with the mutant (a tool failure) is counted and
+    named in the evidence, never dropped silently: a dropped one hid a kill (schedule() returning None)."""
+    import importlib.util
+    import shutil
+
+    from mambafuzz.checks import pipeline
+
+    spec = importlib.util.spec_from_file_location("mutation_run", ROOT / "bench" / "mutation_run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    seeds = sorted((ROOT / "corpus" / "seeds").glob("*.json"))[:2]
+    for path in seeds:
+        shutil.copy(path, tmp_path / path.name)
+    real = pipeline.evaluate
+
+    def evaluate(scenario, split, **kwargs):
+        if kwargs.get("patches") == ["MUTANT"]:
+            raise RuntimeError("the harness met a state it cannot judge")
+        return real(scenario, split, **kwargs)
+
+    monkeypatch.setattr(pipeline, "evaluate", evaluate)
+    monkeypatch.setattr(mutants, "patches", lambda mutant_id: ["MUTANT"])
+    out = run.replay_survivors([{"id": "m:0", "status": "survived", "change": "x"}], [str(tmp_path)])
+    e = out["m:0"]
+    assert e["raised"] == 2 and e["cases"] == 0 and "cannot judge" in e["raised_first"]
