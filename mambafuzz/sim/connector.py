@@ -46,7 +46,7 @@ class LoadOrder:
     num_external_tokens: int
     load_async: bool
     block_ids: tuple[list[int], ...]
-    # what the load delivers when the connector loads saved states: the store entry (tokens, state);
+    # what the load delivers when the connector loads saved states: the store entry (tokens, a state per mamba group);
     # None: the truth
     saved: Any = None
 
@@ -83,7 +83,7 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
         # (tokens, what its hand-off block held when copied); the harness fills it when the
         # saving request's finished_sending arrives
         self.load_saved = False
-        self.store: dict[bytes, tuple[int, Any]] = {}
+        self.store: dict[bytes, tuple[int, tuple]] = {}  # block hash -> (tokens, a state per mamba group)
         self.mamba_block_size = 0
         self.hash_block_size = 0
         self.divergent_hits = False  # EngineConfig.connector_divergent_hits
@@ -95,7 +95,7 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
 
     def saved_prefix(self, request: Any, limit: int) -> tuple[int, Any]:
         """The longest saved mamba boundary of `request`'s prompt within `limit` tokens: (tokens,
-        its store entry (tokens, state)), (0, None) when none. A mamba layer resumes from its last state alone."""
+        its store entry (tokens, states)), (0, None) when none. A mamba layer resumes from its last state alone."""
         bs, unit = self.mamba_block_size, self.hash_block_size
         hashes = request.block_hashes
         for tokens in range(limit // bs * bs, 0, -bs):

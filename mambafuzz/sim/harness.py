@@ -268,7 +268,7 @@ class _Runner:
         self.recv_pending: dict[str, list] = {}
         self.send_pending: dict[str, list] = {}
         self._async_loads = 0
-        self.save_entries: dict[str, list] = {}  # request -> (hash, tokens, state, block) saved, not sent yet
+        self.save_entries: dict[str, dict] = {}  # request -> block hash -> [tokens, a state per mamba group]: not sent yet
         self.recv_tracked = bool(e.connector_recv_steps or e.connector_failed_load)
         if self.connector is not None:
             self.connector.plan = {
@@ -559,12 +559,13 @@ class _Runner:
         """The worker side of a saving connector, after the forward and its post-forward copies
         (`wait_for_save`): each boundary-state hand-off of this schedule (the scheduler names the
         exact block: `SchedulerOutput.kv_connector_block_state.boundary_state_offloads`) is copied
-        holding what the kernel model says that block holds now, keyed as Mooncake's store keys
-        it, by the request's block hash at the boundary. Hand-offs of a request finished or
-        preempted in this schedule are dropped, as Mooncake's and the CPU offload's schedulers do;
-        so are other mamba groups' (the store keeps the first group's state: the trace's). The
-        entries wait for the request's `request_finished` and reach the store when its send
-        finishes: a block holding the wrong state is a wrong entry (docs/REACH.md)."""
+        holding what the kernel model of its mamba group says that block holds now, keyed as
+        Mooncake's store keys it, by the request's block hash at the boundary; one entry holds
+        every group's state (a store keeps each group's layers), and a load gives each group its
+        own. Hand-offs of a request finished or preempted in this schedule are dropped, as
+        Mooncake's and the CPU offload's schedulers do. The entries wait for the request's
+        `request_finished` and reach the store when its send finishes, each only with a state for
+        every group: a block holding the wrong state is a wrong entry (docs/REACH.md)."""
         c = self.connector
         if c.offloads is None:
             c.offloads = []  # said once per run
@@ -577,10 +578,13 @@ class _Runner:
         unit = self.session.hash_block_size
         null = self.session.null_block_id
         gone = self.session.preempted(out)
+        groups = self.session.mamba_groups
+        models = self.mirror.models
         for rid, group, block, tokens in offloads:
             live = self.live.get(rid)
-            if group != self.session.mamba_group or live is None:
+            if group not in groups or live is None:
                 continue
+            g = groups.index(group)
             req = live.req
             if tokens % unit:
                 raise SchedulerContractError(OFFLOAD_ON_HASH_GRID, f"{rid}'s boundary-state hand-off of block {block} is "
@@ -590,16 +594,22 @@ class _Runner:
             if req.is_finished() or rid in gone or block <= null or not 0 <= index < len(req.block_hashes):
                 self.trace.connector_events.append((rec.step, "offload-dropped", rid, f"block {block} at {tokens} tokens"))
                 continue
-            state = self.model.state_of(block)
-            self.save_entries.setdefault(rid, []).append((bytes(req.block_hashes[index]), tokens, state, block))
-            self.trace.connector_events.append((rec.step, "save", rid, f"block {block} as the state after "
-                                                f"{tokens} tokens: holds {state}"))
+            state = models[g].state_of(block)
+            key = bytes(req.block_hashes[index])
+            entry = self.save_entries.setdefault(rid, {}).setdefault(key, [tokens, [None] * len(models)])
+            entry[1][g] = state
+            if g == 0:  # the trace's group
+                self.trace.connector_events.append((rec.step, "save", rid, f"block {block} as the state after "
+                                                    f"{tokens} tokens: holds {state}"))
+            elif state != entry[1][0]:
+                self.trace.connector_events.append((rec.step, "save-group", rid, f"mamba group {g}'s block {block} "
+                                                    f"as the state after {tokens} tokens: holds {state}"))
 
     def _drain_saves(self, rec: StepRecord) -> None:
         """Requests vLLM finished since the last drain whose blocks the connector keeps
         (delay_free): their saved entries are sent, `connector_send_steps` updates from now."""
         for order in self.connector.saves:
-            entries = self.save_entries.pop(order.request_id, [])
+            entries = self.save_entries.pop(order.request_id, {})
             self.send_pending[order.request_id] = [self.s.engine.connector_send_steps, entries]
             self.trace.connector_events.append((rec.step, "delay-free", order.request_id,
                                                 f"request_finished keeps its blocks; {len(entries)} entries to send"))
@@ -615,20 +625,27 @@ class _Runner:
                 continue
             del self.send_pending[rid]
             done.add(rid)
-            for key, tokens, state, _ in entry[1]:
-                self.connector.store[key] = (tokens, state)
-            self.trace.connector_events.append((rec.step, "sent", rid, f"{len(entry[1])} mamba block(s) stored"))
+            stored = 0
+            for key, (tokens, states) in entry[1].items():
+                if None in states:  # vLLM handed off this boundary for some groups only: nothing to restore from
+                    self.trace.connector_events.append((rec.step, "save-incomplete", rid, f"the state after {tokens} "
+                                                        f"tokens lacks mamba group(s) {[g for g, s in enumerate(states) if s is None]}"))
+                    continue
+                self.connector.store[key] = (tokens, tuple(states))
+                stored += 1
+            self.trace.connector_events.append((rec.step, "sent", rid, f"{stored} mamba block(s) stored"))
         return done
 
     def _connector_load(self, rec: StepRecord, rid: str, num_tokens: int, order: Any = None) -> None:
         saved = order.saved if order is not None else None
+        rest = None
         if saved is not None:
             if saved[0] != num_tokens:
                 raise HarnessError(f"{rid} loads {num_tokens} tokens but the connector matched a save of {saved[0]}")
-            state = saved[1]
+            state, rest = saved[1][0], saved[1][1:]  # each mamba group's own saved state
         else:
             state = self.live[rid].truth.at(num_tokens)
-        block = self.mirror.load(self._tables(rid), num_tokens, state)
+        block = self.mirror.load(self._tables(rid), num_tokens, state, rest)
         rec.writes.append(SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
 
     def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int], batch: Batch,

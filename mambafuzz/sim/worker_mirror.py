@@ -97,11 +97,14 @@ class WorkerMirror:
             landed.append((copy[1], first.state_of(copy[1])))
         return landed
 
-    def load(self, tables: Sequence[list[int]], num_tokens: int, state: State) -> int:
-        """A connector load of the state after `num_tokens`; returns the first model's block."""
+    def load(self, tables: Sequence[list[int]], num_tokens: int, state: State,
+             rest_states: Sequence[State] | None = None) -> int:
+        """A connector load of the state after `num_tokens`; returns the first model's block. Each
+        other model loads `state` too, or its own entry of `rest_states` (a saved entry holds one
+        state per mamba group, as a store keeps each group's layers)."""
         if self.rest:
-            for model, table in zip(self.rest, tables[1:]):
-                model.load_external(table, num_tokens, state)
+            for i, (model, table) in enumerate(zip(self.rest, tables[1:])):
+                model.load_external(table, num_tokens, state if rest_states is None else rest_states[i])
         return self.first.load_external(tables[0], num_tokens, state)
 
     def begin_step(self, scheduled: dict[str, int]) -> list[str]:

@@ -306,3 +306,25 @@ def test_a_load_of_a_saved_state_carries_no_realism_note():
     from mambafuzz.model.scenario import engine_realism_notes
 
     assert engine_realism_notes(offload_scenario().engine) == []
+
+
+def test_each_mamba_group_saves_and_loads_its_own_state(monkeypatch):
+    """A store keeps every group's layers: a hand-off block that holds a wrong state in the second
+    mamba group only reaches r4's second group, where its read is caught; the first group's load
+    (the trace's) stays right. Saving the first group's state for every group would hide it."""
+    original = harness._Runner._save_offloads
+
+    def second_group_poisoned(self, rec, out):
+        groups = self.session.mamba_groups
+        for rid, group, block, tokens in self.connector.offloads or ():
+            if group == groups[1] and rid in self.live:
+                self.mirror.models[1].held[block] = self.live[rid].truth.at(tokens - 1)
+        original(self, rec, out)
+
+    monkeypatch.setattr(harness._Runner, "_save_offloads", second_group_poisoned)
+    trace = harness.run(offload_scenario())
+    assert [e for e in events(trace, "save-group") if e[2] == "r0"]  # the second group's differing save is told
+    chunk = first_chunk(trace, "r4")
+    assert chunk.start == 256 and chunk.read_state == chunk.true_state  # the first group loads its own, right state
+    wrong = [(group, c) for _, group, c in trace.mamba_group_reads if c.request_id == "r4" and c.start == 256]
+    assert [group for group, _ in wrong] == [1] and wrong[0][1].read_state.num_tokens == 255, trace.mamba_group_reads

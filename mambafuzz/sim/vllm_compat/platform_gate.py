@@ -114,3 +114,11 @@ def pass_gate_on_refusal(platform_cls: type, triton_utils: ModuleType) -> None:
 
     past_gate._past_triton_gate = True  # type: ignore[attr-defined]
     setattr(platform_cls, CHECK, classmethod(past_gate))
+
+
+def pass_cpu_gate_on_refusal() -> None:
+    """`pass_gate_on_refusal` for the installed vLLM's CPU platform (mambafuzz.upstream.cpu_gate_plugin)."""
+    import vllm.triton_utils as triton_utils
+    from vllm.platforms.cpu import CpuPlatform
+
+    pass_gate_on_refusal(CpuPlatform, triton_utils)
