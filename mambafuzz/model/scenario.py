@@ -106,7 +106,10 @@ class EngineConfig:
     spec_method: str = knob("none", kind="choice", choices=SPEC_METHODS, simplest="none",
                             companions=(("num_speculative_tokens", 0),))
     num_speculative_tokens: int = knob(0, kind="int", lo=0, hi=8, simplest=0, companions=(("spec_method", "none"),))
-    num_prefill_checkpoint_blocks: int = knob(0, kind="int", lo=0, hi=4, simplest=0, build_key=False, uncached=0)
+    # without checkpoint blocks the alignment is read by nothing (vLLM gates it on the blocks, and no
+    # layer declares one without the other: MambaMixer2.get_kv_cache_spec), so shrinking clears it
+    num_prefill_checkpoint_blocks: int = knob(0, kind="int", lo=0, hi=4, simplest=0, build_key=False, uncached=0,
+                                              companions=(("prefill_checkpoint_alignment", None),))
     prefill_checkpoint_alignment: int | None = knob(None, kind="int", lo=1, hi=1 << 16, optional=True,
                                                     companions=(("num_prefill_checkpoint_blocks", 0),),
                                                     build_key=False, uncached=None, length=True)
