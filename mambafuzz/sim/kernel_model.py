@@ -44,6 +44,7 @@ from mambafuzz.sim.vllm_compat.api import get_mamba_prefill_checkpoint_position,
 
 ZEROED = State(-1, 0)  # a freshly zeroed block: holds no state of any prefix
 UNSET = State(-2, 0)  # a block the model never saw written
+_tuple_new = tuple.__new__  # `_tuple_new(RowResult, (...))` is `RowResult(...)` without its constructor's Python frame
 
 
 def cdiv(a: int, b: int) -> int:
@@ -232,7 +233,7 @@ class KernelModel:
                     column = cdiv(seq_len, g.block_size) - 2
                     if model._write(table[column], at_checkpoint):
                         writes.append((column, table[column], at_checkpoint, "checkpoint"))
-                rows.append(RowResult(curr, block, start, outputs, writes))
+                rows.append(_tuple_new(RowResult, (curr, block, start, outputs, writes)))
             return rows
         # the speculative (multi-token) kernel
         read_col = curr + accepted - 1
@@ -258,7 +259,7 @@ class KernelModel:
             for t, state in enumerate(states):
                 if curr + t < len(table) and model._write(table[curr + t], state):
                     writes.append((curr + t, table[curr + t], state, "spec-token"))
-            rows.append(RowResult(read_col, table[read_col] if inside else -1, start, outputs, writes))
+            rows.append(_tuple_new(RowResult, (read_col, table[read_col] if inside else -1, start, outputs, writes)))
         return rows
 
     def _precopy(self, table: list[int], src_col: int, curr: int, writes: list[tuple[int, int, State, str]]) -> None:
