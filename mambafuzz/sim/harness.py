@@ -145,6 +145,8 @@ def _crash_or_tool_error(exc: Exception, step: int) -> Crash:
     return Crash(type(exc).__name__, (str(exc).splitlines() or [""])[0], where, step)
 
 
+_tuple_new = tuple.__new__
+
 DEFAULT_TIMEOUT = float(os.environ.get("MAMBAFUZZ_SCENARIO_TIMEOUT", "60"))
 
 
@@ -675,8 +677,9 @@ class _Runner:
         first = live.first_chunk_pending
         live.first_chunk_pending = False
         true_state = truth.at(start)
-        rec.chunks.append(Chunk(rid, start, n, num_drafts, read_column, read_block, read_state, true_state,
-                                first, first and start > 0))
+        # tuple.__new__ builds the NamedTuples without their constructors' Python frames (one per row and write)
+        rec.chunks.append(_tuple_new(Chunk, (rid, start, n, num_drafts, read_column, read_block, read_state, true_state,
+                                             first, first and start > 0)))
         if len(tables) > 1:
             for group, other in enumerate(self.mirror.rest_rows, 1):
                 if other.read_state != true_state:
@@ -684,8 +687,8 @@ class _Runner:
                         rid, start, n, num_drafts, other.read_column, other.read_block, other.read_state, true_state,
                         first, first and start > 0)))
         recorded = rec.writes
-        for col, block, state, cause in writes:
-            recorded.append(SlotWrite(rid, col, block, state, cause))
+        for write in writes:
+            recorded.append(_tuple_new(SlotWrite, (rid, *write)))
         if end < known:  # a partial prefill samples nothing
             sampled: list[int] = []
         elif not drafts:

@@ -27,8 +27,11 @@ class HashBook:
         end = min(len(hashes), len(truth.tokens) // self.unit)
         if end <= start:
             return
+        book, unit = self.truth, self.unit
         for i in range(start, end):
-            self.truth.setdefault(bytes(hashes[i]), (rid, truth.at((i + 1) * self.unit)))
+            key = bytes(hashes[i])
+            if key not in book:  # the first request to produce a hash names it; later ones build nothing
+                book[key] = (rid, truth.at((i + 1) * unit))
         self._seen[rid] = end
         if self.limit is not None and len(self.truth) > self.limit:
             for key in list(self.truth)[: self.limit // 2]:

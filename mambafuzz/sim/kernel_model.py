@@ -33,6 +33,7 @@ and the worker-side rules both runners share (paths inside the installed `vllm`)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -43,6 +44,7 @@ from mambafuzz.sim.vllm_compat.api import get_mamba_prefill_checkpoint_position,
 
 ZEROED = State(-1, 0)  # a freshly zeroed block: holds no state of any prefix
 UNSET = State(-2, 0)  # a block the model never saw written
+_tuple_new = tuple.__new__  # `_tuple_new(RowResult, (...))` is `RowResult(...)` without its constructor's Python frame
 
 
 def cdiv(a: int, b: int) -> int:
@@ -116,6 +118,14 @@ class KernelModel:
         (`num_accepted_tokens_cpu`, 1 when unknown). Read by the conformance check."""
         return self._prev_column.get(rid), self._num_accepted.get(rid, 1)
 
+    def follow(self, leader: KernelModel) -> None:
+        """Keep `leader`'s per-request counts instead of one's own: for a group with the leader's
+        geometry, runner and mixer the counts depend on the rows only (WorkerMirror). The leader's
+        `run_rows` then runs this model's rows with its own, and only the leader's `begin_step`
+        and `forget_requests` need run."""
+        self._prev_column = leader._prev_column
+        self._num_accepted = leader._num_accepted
+
     # ---- per-step, before any row --------------------------------------------------
     def forget_requests(self, request_ids: set[str]) -> None:
         for rid in request_ids:
@@ -171,58 +181,113 @@ class KernelModel:
         true prefix states (whose tokens from `num_computed` on are `tokens` without the drafts),
         only makes extending a state cheaper; it never changes a result. `sample` False skips the
         outputs (another mamba group's model: the sampler reads the first group's row)."""
+        return self.run_rows(rid, (table,), num_computed, tokens, num_drafts, spec_row, truth, sample=sample)[0]
+
+    def run_rows(self, rid: str, tables: Sequence[list[int]], num_computed: int, tokens: list[int], num_drafts: int,
+                 spec_row: bool = False, truth: PrefixStates | None = None, followers: Sequence[KernelModel] = (),
+                 sample: bool = True) -> list[RowResult]:
+        """`run_row` on this model (`tables[0]`) and on each of `followers` (models that `follow`
+        this one: other mamba groups with its geometry, runner and mixer; `tables[1:]`), which
+        run the same row on their own blocks without sampling. The columns and counts are worked
+        out once; a follower that reads the state this model read computes the same states from
+        it, so they are computed once too. Returns the RowResults in that order."""
         num_tokens = len(tokens)
         g = self.g
-        bs = g.block_size
         seq_len = num_computed + num_tokens
         accepted = self._num_accepted.get(rid, 1)
-        writes: list[tuple[int, int, State, str]] = []
+        copy_from = None  # the pre-forward copy's source column
         if g.align:
+            bs = g.block_size
             curr = cdiv(seq_len, bs) - 1
             prev = self._prev_column.get(rid, (num_computed - 1) // bs)
             if prev != -1 and prev != curr:
-                src_col = prev + accepted - 1
-                state = self.state_of(table[src_col]) if 0 <= src_col < len(table) else UNSET
-                if self._write(table[curr], state):
-                    writes.append((curr, table[curr], state, "precopy"))
+                copy_from = prev + accepted - 1
                 accepted = 1
             self._prev_column[rid] = curr
         else:  # mamba_cache_mode "none": the request's own blocks, from column 0, no copies
             curr = 0
         self._num_accepted[rid] = accepted
+        groups = zip((self, *followers), tables) if followers else ((self, tables[0]),)
+        rows: list[RowResult] = []
+        lead: tuple = ()  # (start, what the kernel computed from it) of this model's row
 
         if not spec_row:
-            block = table[curr]
-            start = self.state_of(block) if num_computed > 0 else EMPTY
-            if not num_drafts:  # the sampler reads the last position only
-                final = self._through(truth, tokens, start, num_computed, num_tokens, 0)
-                outputs = [next_token(final, g.vocab_size)] if sample else []
-            else:  # ... and every draft position
-                final = self._through(truth, tokens, start, num_computed, num_tokens - num_drafts - 1, num_drafts)
-                outputs = []
-                for tok in tokens[num_tokens - num_drafts - 1 :]:
-                    final = final.extend([tok])
-                    if sample:
-                        outputs.append(next_token(final, g.vocab_size))
-            if self._write(block, final):  # drafts included: the kernel cannot roll them back
-                writes.append((curr, block, final, "chunk-end+drafts" if num_drafts else "chunk-end"))
-            if g.checkpoint_alignment is not None:
-                self._checkpoint(table, num_computed, seq_len, start, writes, truth, tokens, num_drafts)
-            return RowResult(curr, block, start, outputs, writes)
+            checkpoint = self._checkpoint_position(num_computed, seq_len)
+            cause = "chunk-end+drafts" if num_drafts else "chunk-end"
+            for model, table in groups:
+                writes: list[tuple[int, int, State, str]] = []
+                if copy_from is not None:
+                    model._precopy(table, copy_from, curr, writes)
+                block = table[curr]
+                start = model.state_of(block) if num_computed > 0 else EMPTY
+                if lead and start == lead[0]:
+                    final, at_checkpoint, outputs = lead[1], lead[2], []
+                else:
+                    final, at_checkpoint, outputs = self._prefill(truth, tokens, start, num_computed, num_drafts,
+                                                                  checkpoint, sample and not rows)
+                    if not lead:
+                        lead = (start, final, at_checkpoint)
+                if model._write(block, final):  # drafts included: the kernel cannot roll them back
+                    writes.append((curr, block, final, cause))
+                if checkpoint is not None:
+                    column = cdiv(seq_len, g.block_size) - 2
+                    if model._write(table[column], at_checkpoint):
+                        writes.append((column, table[column], at_checkpoint, "checkpoint"))
+                rows.append(_tuple_new(RowResult, (curr, block, start, outputs, writes)))
+            return rows
         # the speculative (multi-token) kernel
         read_col = curr + accepted - 1
-        start = self.state_of(table[read_col]) if read_col < len(table) else UNSET
-        if start == ZEROED and num_computed == 0:
-            start = EMPTY  # no mask, but zeros are exactly the initial state
-        state = start
+        for model, table in groups:
+            writes = []
+            if copy_from is not None:
+                model._precopy(table, copy_from, curr, writes)
+            inside = read_col < len(table)
+            start = model.state_of(table[read_col]) if inside else UNSET
+            if start == ZEROED and num_computed == 0:
+                start = EMPTY  # no mask, but zeros are exactly the initial state
+            if lead and start == lead[0]:
+                states, outputs = lead[1], []
+            else:
+                states = []
+                state = start
+                for tok in tokens:
+                    state = state.extend([tok])
+                    states.append(state)
+                outputs = [next_token(s, g.vocab_size) for s in states] if sample and not rows else []
+                if not lead:
+                    lead = (start, states)
+            for t, state in enumerate(states):
+                if curr + t < len(table) and model._write(table[curr + t], state):
+                    writes.append((curr + t, table[curr + t], state, "spec-token"))
+            rows.append(_tuple_new(RowResult, (read_col, table[read_col] if inside else -1, start, outputs, writes)))
+        return rows
+
+    def _precopy(self, table: list[int], src_col: int, curr: int, writes: list[tuple[int, int, State, str]]) -> None:
+        """The pre-forward copy of column `src_col` into the running column `curr`."""
+        state = self.state_of(table[src_col]) if 0 <= src_col < len(table) else UNSET
+        if self._write(table[curr], state):
+            writes.append((curr, table[curr], state, "precopy"))
+
+    def _prefill(self, truth: PrefixStates | None, tokens: list[int], start: State, num_computed: int,
+                 num_drafts: int, checkpoint: int | None, sample: bool) -> tuple[State, State | None, list[int]]:
+        """The PREFILL kernel from `start`: (the final state, drafts included; the state at the
+        internal checkpoint, None without one; the greedy outputs, when `sample`)."""
+        num_tokens = len(tokens)
+        vocab = self.g.vocab_size
+        at_checkpoint = None
+        if checkpoint is not None:
+            at_checkpoint = self._through(truth, tokens, start, num_computed, checkpoint - num_computed, num_drafts)
+        if not num_drafts:  # the sampler reads the last position only
+            final = self._through(truth, tokens, start, num_computed, num_tokens, 0)
+            return final, at_checkpoint, [next_token(final, vocab)] if sample else []
+        # ... and every draft position
+        final = self._through(truth, tokens, start, num_computed, num_tokens - num_drafts - 1, num_drafts)
         outputs = []
-        for t, tok in enumerate(tokens):
-            state = state.extend([tok])
-            if curr + t < len(table) and self._write(table[curr + t], state):
-                writes.append((curr + t, table[curr + t], state, "spec-token"))
+        for tok in tokens[num_tokens - num_drafts - 1 :]:
+            final = final.extend([tok])
             if sample:
-                outputs.append(next_token(state, g.vocab_size))
-        return RowResult(read_col, table[read_col] if read_col < len(table) else -1, start, outputs, writes)
+                outputs.append(next_token(final, vocab))
+        return final, at_checkpoint, outputs
 
     @staticmethod
     def _through(truth: PrefixStates | None, tokens: list[int], state: State, num_computed: int, count: int,
@@ -233,10 +298,11 @@ class KernelModel:
             return truth.span(state, num_computed, num_computed + count)
         return state.extend(tokens[:count])
 
-    def _checkpoint(self, table: list[int], num_computed: int, seq_len: int, start: State,
-                    writes: list[tuple[int, int, State, str]], truth: PrefixStates | None, tokens: list[int],
-                    num_drafts: int) -> None:
-        """A prefill row's internal checkpoint, when vLLM's checkpoint rule places one in it."""
+    def _checkpoint_position(self, num_computed: int, seq_len: int) -> int | None:
+        """Where a prefill row's internal checkpoint lands, when vLLM's checkpoint rule places one
+        in it (mixers with checkpoints only); None otherwise."""
+        if self.g.checkpoint_alignment is None:
+            return None
         position = get_mamba_prefill_checkpoint_position(
             seq_len, self.g.cache_hit_alignment_tokens, drop_eagle_block=self.g.drop_eagle_block
         )
@@ -245,11 +311,8 @@ class KernelModel:
             hash_block_size=self.g.hash_block_size, mamba_block_size=self.g.block_size,
             checkpoint_alignment=self.g.checkpoint_alignment,
         ):
-            return
-        column = cdiv(seq_len, self.g.block_size) - 2
-        state = self._through(truth, tokens, start, num_computed, position - num_computed, num_drafts)
-        if self._write(table[column], state):
-            writes.append((column, table[column], state, "checkpoint"))
+            return None
+        return position
 
     def postprocess_spec(self, rid: str, table: list[int], num_computed: int, num_scheduled: int,
                          num_drafts: int, num_accepted: int) -> list[tuple[int, int, State, str]]:

@@ -25,13 +25,17 @@ class State(NamedTuple):
         fp = self.fingerprint
         for tok in tokens:
             fp = ((fp ^ (tok + 0x9E3779B9)) * _PRIME) & _MASK
-        return State(self.num_tokens + len(tokens), fp)
+        return _tuple_new(State, (self.num_tokens + len(tokens), fp))
 
     def __str__(self) -> str:
         return f"state@{self.num_tokens}#{self.fingerprint & 0xFFFF:04x}"
 
 
 EMPTY = State(0, 0xCBF29CE484222325)
+
+# `_tuple_new(State, (n, fp))` is `State(n, fp)` without the NamedTuple constructor's Python frame: the
+# hot paths below build one per scheduled row and per learned hash.
+_tuple_new = tuple.__new__
 
 
 _PROMPT_CHAINS: dict[Hashable, tuple[list[int], list[int]]] = {}
@@ -74,7 +78,7 @@ class PrefixStates:
         self.tokens += tokens
 
     def at(self, length: int) -> State:
-        return State(length, self._fps[length])
+        return _tuple_new(State, (length, self._fps[length]))
 
     def span(self, start: State, begin: int, end: int) -> State:
         """`start.extend(self.tokens[begin:end])`: O(1) when `start` is this sequence's true state
@@ -82,7 +86,7 @@ class PrefixStates:
         token by token. Same result either way."""
         fps = self._fps
         if start.num_tokens == begin and fps[begin] == start.fingerprint:
-            return State(end, fps[end])
+            return _tuple_new(State, (end, fps[end]))
         return start.extend(self.tokens[begin:end])
 
     def __len__(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import os
 import types
 import typing
@@ -305,6 +306,9 @@ class CachedMambaEntry:
     claimed_tokens: int | None  # block_hash_num_tokens for a primary key
 
 
+_BLOCK_ID = operator.attrgetter("block_id")
+
+
 class SortedIds(set):
     """A worker's finished request ids that iterate in sorted order.  vLLM frees the blocks of
     `finished_sending` (and of finished requests in `finished_recving`) in the order it iterates
@@ -469,11 +473,15 @@ class SchedulerSession:
         return self.scheduler.has_requests()
 
     def mamba_block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self._mamba_manager.req_to_blocks.get(request_id, ())]
+        return list(map(_BLOCK_ID, self._mamba_manager.req_to_blocks.get(request_id, ())))
 
     def mamba_tables(self, request_id: str) -> tuple[list[int], ...]:
-        """The request's block table in every mamba group, in group order (the first is `mamba_block_ids`)."""
-        return tuple([b.block_id for b in m.req_to_blocks.get(request_id, ())] for m in self._mamba_managers)
+        """The request's block table in every mamba group, in group order (the first is `mamba_block_ids`).
+        Built per scheduled row, so without a comprehension's frame per group."""
+        tables = []
+        for m in self._mamba_managers:
+            tables.append(list(map(_BLOCK_ID, m.req_to_blocks.get(request_id, ()))))
+        return tuple(tables)
 
     def cache_keys_version(self) -> int:
         """A number that changes whenever a key of the mamba group is added to or removed from

@@ -62,7 +62,7 @@ class WorkerMirror:
     count (spec decode) and `load` for asynchronous loads that finished.  `tables` arguments
     hold the request's block table of each model's group, in model order."""
 
-    __slots__ = ("models", "first", "rest", "spec", "rest_rows", "_same_kernels")
+    __slots__ = ("models", "first", "rest", "spec", "rest_rows", "_same_kernels", "_lockstep", "_own")
 
     def __init__(self, models: Sequence[KernelModel], spec_engine: bool):
         self.models = tuple(models)
@@ -74,17 +74,26 @@ class WorkerMirror:
         self._same_kernels = [type(m.runner) is type(first.runner) and type(m.mixer) is type(first.mixer)
                               and m.g.spec_engine == first.g.spec_engine
                               and m.g.num_speculative_tokens == first.g.num_speculative_tokens for m in self.rest]
+        # Groups that all have the first group's geometry, runner and mixer (the harness's) have its columns,
+        # counts and row kinds: they follow the first model's bookkeeping, and the first model runs their rows
+        # with its own (KernelModel.run_rows). Otherwise each model runs on its own.
+        self._lockstep = all(same and m.g == first.g for m, same in zip(self.rest, self._same_kernels))
+        if self._lockstep:
+            for model in self.rest:
+                model.follow(first)
+        self._own = (first,) if self._lockstep else self.models  # the models that keep their own counts
 
     def before_forward(self, out: Any) -> Sequence[tuple[int, State]]:
         """Apply what precedes the forward; returns (dst, state the first model holds right after
         that copy) per CoW copy, in order."""
         dropped = dropped_requests(out)
         zero = out.new_block_ids_to_zero
-        if dropped or zero:
-            for model in self.models:
+        if dropped:
+            for model in self._own:
                 model.forget_requests(dropped)
-                if zero:
-                    model.zero_blocks(zero)
+        if zero:
+            for model in self.models:
+                model.zero_blocks(zero)
         if not out.kv_cache_block_copies:
             return ()
         copies = block_copies(out)
@@ -109,7 +118,7 @@ class WorkerMirror:
 
     def begin_step(self, scheduled: dict[str, int]) -> list[str]:
         """Before the rows; returns the requests whose accepted count the first model reset."""
-        for model in self.rest:
+        for model in self._own[1:]:
             model.begin_step(scheduled)
         return self.first.begin_step(scheduled)
 
@@ -124,6 +133,11 @@ class WorkerMirror:
         spec = self.spec
         first = self.first
         spec_row = spec and first.is_spec_row(start, n, num_drafts, num_prompt_tokens, prefill_len)
+        if self._lockstep:
+            rows = first.run_rows(rid, tables, start, tokens, num_drafts, spec_row, truth, self.rest)
+            if self.rest:
+                self.rest_rows = rows[1:]
+            return spec_row, rows[0]
         if self.rest:  # a group with the first group's runner and mixer classifies the row alike
             self.rest_rows = [model.run_row(rid, table, start, tokens, num_drafts,
                                             spec_row if self._same_kernels[i] else

@@ -162,7 +162,7 @@ def test_an_exception_of_the_harness_itself_is_a_tool_error_not_a_vllm_crash(mon
     def broken(self, *args, **kwargs):
         raise IndexError("simulated harness bug")
 
-    monkeypatch.setattr(KernelModel, "run_row", broken)
+    monkeypatch.setattr(KernelModel, "run_rows", broken)  # the harness's rows go through run_rows
     with pytest.raises(harness.HarnessError, match="the harness itself raised IndexError: simulated harness bug"):
         harness.run(first_chunk_scenario())
     assert issubclass(harness.HarnessError, ToolError)
@@ -177,7 +177,7 @@ def test_a_worker_keeps_the_input_counts_a_tool_error_and_goes_on(monkeypatch, t
 
     rt = target_runtime.Runtime(WorkerConfig(findings=str(tmp_path / "f"), generator="random"))
     with monkeypatch.context() as m:
-        m.setattr(KernelModel, "run_row", lambda self, *a, **k: [][1])
+        m.setattr(KernelModel, "run_rows", lambda self, *a, **k: [][1])
         assert rt.run_scenario(first_chunk_scenario(), {"input": "test"}) is False
     rt.run_scenario(first_chunk_scenario(), {"input": "test"})  # the next input runs
     assert rt.execs == 1 and rt.tool_errors == 1

@@ -118,17 +118,19 @@ def _corrupt_decode_boundary_blocks(monkeypatch):
     pre-copy, `preprocess_mamba`), the block it leaves, just completed during decode and about to be
     published as the state at its boundary, is overwritten with a wrong state. The request itself
     goes on from the correct copy, so its own outputs are unaffected."""
-    original = KernelModel.run_row
+    original = KernelModel.run_rows  # the harness runs every group's row through the first group's model
 
-    def planted(self, rid, table, num_computed, tokens, num_drafts, spec_row=False, truth=None, sample=True):
+    def planted(self, rid, tables, num_computed, tokens, num_drafts, spec_row=False, truth=None, followers=(),
+                sample=True):
         prev = self._prev_column.get(rid)
-        result = original(self, rid, table, num_computed, tokens, num_drafts, spec_row, truth, sample)
-        if len(tokens) - num_drafts == 1 and any(cause == "precopy" for *_, cause in result.writes):
-            held = self.state_of(table[prev])
-            self._write(table[prev], State(held.num_tokens, held.fingerprint ^ 0x5A5A))
-        return result
+        rows = original(self, rid, tables, num_computed, tokens, num_drafts, spec_row, truth, followers, sample)
+        for model, table, result in zip((self, *followers), tables, rows):
+            if len(tokens) - num_drafts == 1 and any(cause == "precopy" for *_, cause in result.writes):
+                held = model.state_of(table[prev])
+                model._write(table[prev], State(held.num_tokens, held.fingerprint ^ 0x5A5A))
+        return rows
 
-    monkeypatch.setattr(KernelModel, "run_row", planted)
+    monkeypatch.setattr(KernelModel, "run_rows", planted)
 
 
 def test_a_bad_write_to_a_decode_completed_block_is_caught_when_a_continuation_reads_it(monkeypatch):

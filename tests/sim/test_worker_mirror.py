@@ -58,6 +58,36 @@ def test_a_mirror_over_two_groups_does_what_one_mirror_per_group_does():
     assert first[-1] == ["r"]
 
 
+
+def test_groups_of_one_geometry_run_in_lockstep_as_each_would_alone():
+    """Groups with the first's geometry, runner and mixer follow its counts and run their rows
+    with its own (KernelModel.run_rows); a group whose block holds a wrong state still reads,
+    computes and writes its own states."""
+    tables = [[11, 12, 13, 14, 15, 16, 17], [21, 22, 23, 24, 25, 26, 27]]
+    both = WorkerMirror([model(4), model(4)], spec_engine=True)
+    alone = [WorkerMirror([model(4)], spec_engine=True) for _ in tables]
+
+    def steps(mirror: WorkerMirror, groups: list[list[int]], wrong: KernelModel) -> list:
+        seen = [mirror.load(groups, 4, TRUTH.at(4))]
+        wrong.load_external(tables[1], 4, TRUTH.at(3))  # the second group's block 21 holds a wrong state
+        mirror.begin_step({"r": 6})
+        for start, n, drafts in ((4, 6, []), (10, 10, []), (20, 3, [7, 8])):
+            spec_row, row = mirror.run_row("r", groups, start, n, drafts, TRUTH, 20, 20)
+            seen.append((spec_row, row, [r._replace(outputs=[]) for r in mirror.rest_rows]))
+        seen.append(mirror.postprocess("r", groups, 20, 3, 2, 2))
+        seen.append(mirror.begin_step({}))
+        return seen
+
+    got = steps(both, tables, both.models[1])
+    first = steps(alone[0], tables[:1], model(4))
+    second = steps(alone[1], tables[1:], alone[1].first)
+    assert [step[:2] for step in got[1:4]] == [step[:2] for step in first[1:4]]
+    assert [step[2] for step in got[1:4]] == [[row._replace(outputs=[])] for _, row, _ in second[1:4]]
+    assert got[1][2][0].read_state == TRUTH.at(3) != got[1][1].read_state  # the second group read its own
+    assert [m.held for m in both.models] == [alone[0].first.held, alone[1].first.held]
+    assert both.models[1].worker_state("r") == alone[1].first.worker_state("r")
+    assert got[-2:] == first[-2:]
+
 def test_auditor_describes_what_the_hash_claims_and_the_block_holds():
     book = HashBook(4)
     book.learn("r0", [b"a", b"b"], TRUTH)
