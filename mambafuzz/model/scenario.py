@@ -544,7 +544,9 @@ def validate(s: Scenario) -> list[str]:
     if e.num_gpu_blocks is not None and not p:
         need = min_pool_blocks(s)
         if e.num_gpu_blocks < need:
-            p.append(f"engine.num_gpu_blocks {e.num_gpu_blocks} cannot hold the longest request (needs {need}); vLLM refuses such a pool at start-up")
+            p.append(f"engine.num_gpu_blocks {e.num_gpu_blocks} cannot hold the longest request (needs {need}): below "
+                     "mambafuzz's pool floor (one longest request in the cached and the uncached run, plus slack; "
+                     "vLLM's own start-up minimum can be lower)")
     return p
 
 
