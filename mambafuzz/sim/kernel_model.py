@@ -91,6 +91,9 @@ class KernelModel:
         self.dirty: set[int] = set()
         self._prev_column: dict[str, int] = {}  # worker's mamba_state_idx
         self._num_accepted: dict[str, int] = {}  # worker's num_accepted_tokens_cpu
+        # The blocks rows wrote in this forward: block -> (the request whose row wrote it first,
+        # what the block held when the forward began). See `begin_forward`.
+        self._row_writes: dict[int, tuple[str, State]] = {}
 
     def state_of(self, block_id: int) -> State:
         state = self.held.get(block_id)
@@ -101,6 +104,34 @@ class KernelModel:
     def _write(self, block_id: int, state: State) -> bool:
         if block_id <= self.g.null_block_id:
             return False
+        self.held[block_id] = state
+        self.dirty.add(block_id)
+        return True
+
+    def begin_forward(self) -> None:
+        """A new batch's forward begins: every row of it reads the state its block held at this
+        point, whatever another row of the same batch writes. The mixers' batched kernels gather
+        every sequence's initial state before they scatter any final one (GDN: `initial_state =
+        ssm_state[state_indices]`, then `ssm_state[state_indices] = last_state`, qwen3_next.py
+        `_forward_core`; the conv kernels run one program per sequence on the same cache), so a
+        row cannot see another row's write of the same forward. Only the mixer's own writes
+        count as row writes; the copies before the forward (`_precopy`) every row sees."""
+        if self._row_writes:
+            self._row_writes = {}
+
+    def _row_read(self, rid: str, block_id: int) -> State:
+        """What `rid`'s row reads from `block_id` in this forward (see `begin_forward`)."""
+        written = self._row_writes.get(block_id)
+        if written is not None and written[0] != rid:
+            return written[1]
+        return self.state_of(block_id)
+
+    def _row_write(self, rid: str, block_id: int, state: State) -> bool:
+        """`_write` by `rid`'s row, remembering what the block held before this forward's first row write."""
+        if block_id <= self.g.null_block_id:
+            return False
+        if block_id not in self._row_writes:
+            self._row_writes[block_id] = (rid, self.state_of(block_id))
         self.held[block_id] = state
         self.dirty.add(block_id)
         return True
@@ -138,9 +169,14 @@ class KernelModel:
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """CoW copies of every group (their sources are published blocks, so written ones for
-        the mamba group): what the model wrote is copied, nothing is inferred."""
-        for src, dst in copies:
-            self._write(dst, self.held.get(src, UNSET))
+        the mamba group): what the model wrote is copied, nothing is inferred. All at once, as
+        the worker copies them (`blocks[dst] = blocks[src]`, v1/worker/utils.py: one gather of
+        every source, then one scatter): a copy whose source is another copy's destination
+        copies what that block held before."""
+        held = self.held
+        states = [held.get(src, UNSET) for src, _ in copies]
+        for (_, dst), state in zip(copies, states):
+            self._write(dst, state)
 
     def load_external(self, table: list[int], num_tokens: int, state: State) -> int:
         """A connector load: the state after `num_tokens` lands in that position's column."""
@@ -217,9 +253,9 @@ class KernelModel:
             for model, table in groups:
                 writes: list[tuple[int, int, State, str]] = []
                 if copy_from is not None:
-                    model._precopy(table, copy_from, curr, writes)
+                    model._precopy(rid, table, copy_from, curr, writes)
                 block = table[curr]
-                start = model.state_of(block) if num_computed > 0 else EMPTY
+                start = model._row_read(rid, block) if num_computed > 0 else EMPTY
                 if lead and start == lead[0]:
                     final, at_checkpoint, outputs = lead[1], lead[2], []
                 else:
@@ -227,11 +263,11 @@ class KernelModel:
                                                                   checkpoint, sample and not rows)
                     if not lead:
                         lead = (start, final, at_checkpoint)
-                if model._write(block, final):  # drafts included: the kernel cannot roll them back
+                if model._row_write(rid, block, final):  # drafts included: the kernel cannot roll them back
                     writes.append((curr, block, final, cause))
                 if checkpoint is not None:
                     column = cdiv(seq_len, g.block_size) - 2
-                    if model._write(table[column], at_checkpoint):
+                    if model._row_write(rid, table[column], at_checkpoint):
                         writes.append((column, table[column], at_checkpoint, "checkpoint"))
                 rows.append(_tuple_new(RowResult, (curr, block, start, outputs, writes)))
             return rows
@@ -240,9 +276,9 @@ class KernelModel:
         for model, table in groups:
             writes = []
             if copy_from is not None:
-                model._precopy(table, copy_from, curr, writes)
+                model._precopy(rid, table, copy_from, curr, writes)
             inside = read_col < len(table)
-            start = model.state_of(table[read_col]) if inside else UNSET
+            start = model._row_read(rid, table[read_col]) if inside else UNSET
             if start == ZEROED and num_computed == 0:
                 start = EMPTY  # no mask, but zeros are exactly the initial state
             if lead and start == lead[0]:
@@ -257,14 +293,18 @@ class KernelModel:
                 if not lead:
                     lead = (start, states)
             for t, state in enumerate(states):
-                if curr + t < len(table) and model._write(table[curr + t], state):
+                if curr + t < len(table) and model._row_write(rid, table[curr + t], state):
                     writes.append((curr + t, table[curr + t], state, "spec-token"))
             rows.append(_tuple_new(RowResult, (read_col, table[read_col] if inside else -1, start, outputs, writes)))
         return rows
 
-    def _precopy(self, table: list[int], src_col: int, curr: int, writes: list[tuple[int, int, State, str]]) -> None:
-        """The pre-forward copy of column `src_col` into the running column `curr`."""
-        state = self.state_of(table[src_col]) if 0 <= src_col < len(table) else UNSET
+    def _precopy(self, rid: str, table: list[int], src_col: int, curr: int,
+                 writes: list[tuple[int, int, State, str]]) -> None:
+        """The pre-forward copy of column `src_col` into the running column `curr`. The worker
+        makes every row's copy in one batched copy before the forward (`preprocess_mamba`,
+        v1/worker/mamba_utils.py): its source is read as the forward began, and every row of
+        the forward sees what it wrote (a plain write, not a row write)."""
+        state = self._row_read(rid, table[src_col]) if 0 <= src_col < len(table) else UNSET
         if self._write(table[curr], state):
             writes.append((curr, table[curr], state, "precopy"))
 

@@ -84,8 +84,11 @@ class WorkerMirror:
         self._own = (first,) if self._lockstep else self.models  # the models that keep their own counts
 
     def before_forward(self, out: Any) -> Sequence[tuple[int, State]]:
-        """Apply what precedes the forward; returns (dst, state the first model holds right after
-        that copy) per CoW copy, in order."""
+        """Apply what precedes the forward; returns (dst, state the first model holds after the
+        copies) per CoW copy, in order. Starts the forward (`KernelModel.begin_forward`)."""
+        for model in self.models:
+            if model._row_writes:  # begin_forward, inline: one check a model a step
+                model._row_writes = {}
         dropped = dropped_requests(out)
         zero = out.new_block_ids_to_zero
         if dropped:
@@ -100,11 +103,8 @@ class WorkerMirror:
         for model in self.rest:
             model.copy_blocks(copies)
         first = self.first
-        landed = []
-        for copy in copies:
-            first.copy_blocks([copy])
-            landed.append((copy[1], first.state_of(copy[1])))
-        return landed
+        first.copy_blocks(copies)
+        return [(dst, first.state_of(dst)) for _, dst in copies]
 
     def load(self, tables: Sequence[list[int]], num_tokens: int, state: State,
              rest_states: Sequence[State] | None = None) -> int:

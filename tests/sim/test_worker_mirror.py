@@ -135,3 +135,31 @@ def test_the_audit_plugin_judges_a_publication_with_the_oracles_predicate():
     [bad] = audit.poisoned
     assert (bad.request_id, bad.column, bad.claimed_tokens, bad.recorded_tokens) == ("r0", 1, 8, 4)
     assert "records block_hash_num_tokens=4" in bad.describe()
+
+
+def test_cow_copies_gather_every_source_before_writing_any():
+    """The worker copies CoW blocks in one gather and one scatter (`blocks[dst] = blocks[src]`):
+    a copy whose source is another copy's destination copies that block's old state."""
+    mirror = WorkerMirror([model(4)], spec_engine=False)
+    m = mirror.first
+    m.held.update({1: TRUTH.at(4), 2: TRUTH.at(8)})
+    landed = mirror.before_forward(output(copies=[(1, 2), (2, 3)]))
+    assert m.held[3] == TRUTH.at(8)  # block 2 as the forward began, not block 1's state copied into it
+    assert m.held[2] == TRUTH.at(4)
+    assert landed == [(2, TRUTH.at(4)), (3, TRUTH.at(8))]
+
+
+def test_a_row_reads_its_block_as_the_forward_began_not_another_rows_write():
+    """Rows of one forward read the states their blocks held when it began (the mixers gather
+    every initial state before scattering any final one): a request that reads a block another
+    request writes in the same forward reads the old state; in the next forward, the new one."""
+    mirror = WorkerMirror([model(4)], spec_engine=False)
+    mirror.before_forward(output())
+    _, a = mirror.run_row("a", [[5, 6]], 0, 4, [], TRUTH, 20, 20)
+    assert a.writes == [(0, 5, TRUTH.at(4), "chunk-end")]
+    _, b = mirror.run_row("b", [[5, 7]], 4, 4, [], TRUTH, 20, 20)  # copies block 5 into 7, then reads 7
+    assert b.read_state != TRUTH.at(4)  # block 5 as the forward began: never written
+    assert mirror.first.held[5] == TRUTH.at(4)  # a's write stands
+    mirror.before_forward(output())
+    _, c = mirror.run_row("c", [[5, 8]], 4, 4, [], TRUTH, 20, 20)
+    assert c.read_state == TRUTH.at(4)
