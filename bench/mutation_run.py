@@ -168,6 +168,21 @@ def replay_survivors(rows: list[dict], dirs: list[str]) -> dict[str, dict]:
     return out
 
 
+def last_row_per_mutant(paths: list[str], generator: str, functions: set[str]) -> list[dict]:
+    """The rows of `paths`, in order, of `generator` and of `functions`; a mutant's later row
+    replaces its earlier one (a re-run of survivors on an unchanging checkout supersedes a run
+    whose survivors were not trustworthy, docs/MUTATION.md)."""
+    rows: dict[str, dict] = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                if r["generator"] == generator and r["function"] in functions:
+                    rows.pop(r["id"], None)
+                    rows[r["id"]] = r
+    return list(rows.values())
+
+
 def load_classes() -> dict:
     return json.loads(CLASSES.read_text()) if CLASSES.exists() else {}
 
@@ -244,6 +259,9 @@ def main() -> int:
     p.add_argument("--statements", action="store_true",
                    help="with --list: also the lines of vLLM the kept mutants change, per function")
     p.add_argument("--table", action="store_true", help="only print the table of what --jsonl holds")
+    p.add_argument("--table-from", nargs="+", metavar="JSONL",
+                   help="only print one table of these runs' rows (any budget, the --generator's rows): a mutant's "
+                        "last row counts, so a re-run of survivors listed after its first run supersedes it")
     args = p.parse_args()
     try:
         k, n = (int(x) for x in args.shard.split("/"))
@@ -266,6 +284,17 @@ def main() -> int:
         return 0
     fn_of = {m.target: m.target.partition(":")[2] for m in every}
     generated = Counter(fn_of[m.target] for m in every)
+    if args.table_from:
+        try:
+            combined = last_row_per_mutant(args.table_from, args.generator, set(generated))
+        except (OSError, ValueError) as exc:
+            print(f"mutation_run: --table-from: {exc}", file=sys.stderr)
+            return 2
+        budgets = Counter(f"{r['max_time']:g} s" for r in combined)
+        print(f"{args.generator}, last row per mutant (budgets: {', '.join(f'{b} x{n}' for b, n in budgets.items())}), "
+              "empty corpus, --split fixed, first finding attributed")
+        print(table(combined, generated))
+        return 0
     done = []
     if args.jsonl and Path(args.jsonl).exists():
         done = [json.loads(line) for line in Path(args.jsonl).read_text().splitlines() if line.strip()]
