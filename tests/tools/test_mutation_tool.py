@@ -317,3 +317,23 @@ def test_replaying_survivors_counts_the_cases_that_raise_with_the_mutant(monkeyp
     out = run.replay_survivors([{"id": "m:0", "status": "survived", "change": "x"}], [str(tmp_path)])
     e = out["m:0"]
     assert e["raised"] == 2 and e["cases"] == 0 and "cannot judge" in e["raised_first"]
+
+
+def test_a_rerun_of_survivors_supersedes_their_first_rows_in_the_combined_table(tmp_path):
+    """--table-from: a mutant's last row counts (a re-run on an unchanging checkout replaces a
+    survivor of a run whose checkout changed), other generators' and functions' rows are left out."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("mutation_run", ROOT / "bench" / "mutation_run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    row = {"generator": "random", "function": "F.f", "max_time": 15}
+    first, rerun = tmp_path / "first.jsonl", tmp_path / "rerun.jsonl"
+    first.write_text("".join(json.dumps(r) + "\n" for r in [
+        {**row, "id": "m:0", "status": "survived"}, {**row, "id": "m:1", "status": "killed"},
+        {**row, "id": "m:2", "status": "survived", "generator": "atheris"},
+        {**row, "id": "m:3", "status": "survived", "function": "G.g"}]))
+    rerun.write_text(json.dumps({**row, "id": "m:0", "status": "killed", "max_time": 10}) + "\n")
+    got = run.last_row_per_mutant([str(first), str(rerun)], "random", {"F.f"})
+    assert [(r["id"], r["status"], r["max_time"]) for r in got] == [("m:1", "killed", 15), ("m:0", "killed", 10)]
