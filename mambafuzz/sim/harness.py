@@ -770,7 +770,9 @@ class _Runner:
         """Record the mamba cache entries whose verdict may have changed this step: new keys, and
         keys on blocks the kernel model wrote. A key's claim never changes and a block's held state
         changes only by a write, so an entry judged before keeps its verdict until one of these.
-        While no key was added or removed, the last scan's entries (all judged) still hold."""
+        While no key was added or removed, the last scan's entries (all judged) still hold; while keys
+        were only added, each new to the map, a scan would yield the last scan's entries and then
+        theirs (SchedulerSession.take_added_mamba_keys), so the scan is not redone."""
         written = self.model.take_dirty()
         version = self.session.cache_keys_version()
         if version == self._scanned_version:
@@ -778,6 +780,17 @@ class _Runner:
                 return
             changed = [(key, block) for key, block in self._scanned if block.block_id in written]
             self._describe(rec, changed, self.known_entries)
+            return
+        added = self.session.take_added_mamba_keys()
+        if added is not None:
+            known = self.known_entries
+            changed = ([(key, block) for key, block in self._scanned if block.block_id in written]
+                       if written and not written.isdisjoint(self._scanned_blocks) else [])
+            self._describe(rec, changed + added, known)  # the new keys' entries are not in `known`: new
+            self._scanned += added
+            known.update([(key, block.block_id) for key, block in added])
+            self._scanned_blocks.update([block.block_id for _, block in added])
+            self._scanned_version = version
             return
         scanned = list(self.session.cached_mamba_blocks())
         seen = {(key, block.block_id) for key, block in scanned}

@@ -387,6 +387,9 @@ class SchedulerSession:
         self._watched_keys: object = None  # the key map cache_keys_version watches
         self._key_changes = [0]
         self._inserted: list[int] = []  # mamba blocks keyed since the last take_inserted()
+        # [the (key, block) pairs of mamba keys new to the map since the last take_added_mamba_keys(), or
+        # None when the map changed some other way since (a pop, a second block on a key) or is not watched]
+        self._added: list = [None]
         # Our own references: vLLM drops finished requests from `scheduler.requests` inside
         # update_from_output, before their last sampled token could be read back.
         self._requests: dict[str, Request] = {}
@@ -490,8 +493,12 @@ class SchedulerSession:
         `pop`, the only ways vLLM changes it), and again should vLLM replace the map."""
         keys = self.block_pool.cached_block_hash_to_block
         if keys is not self._watched_keys:
-            changes, suffix, inserted = self._key_changes, self._mamba_key_suffix, self._inserted
+            changes, suffix, inserted, added = self._key_changes, self._mamba_key_suffix, self._inserted, self._added
             insert, pop = keys.insert, keys.pop
+            # Where a key maps to its block itself (vLLM before 0.34: no `_dup_ids`), a key new to the map is
+            # yielded last by `cached_mamba_blocks`, as the block it was inserted with: `take_added_mamba_keys`
+            # hands those out. Any other layout, and any other change, leaves it None.
+            cache = None if hasattr(keys, "_dup_ids") else getattr(keys, "_cache", None)
 
             def counted_insert(key, *args, **kwargs):
                 if key[-4:] == suffix:
@@ -499,17 +506,35 @@ class SchedulerSession:
                     block = args[0] if args else kwargs.get("block")
                     if block is not None:
                         inserted.append(block.block_id)
+                    pairs = added[0]
+                    if pairs is not None:
+                        if block is None or type(cache) is not dict or key in cache:
+                            added[0] = None  # a second block on a key keeps the key's place in the map
+                        else:
+                            pairs.append((key, block))
                 return insert(key, *args, **kwargs)
 
             def counted_pop(key, *args, **kwargs):
                 if key[-4:] == suffix:
                     changes[0] += 1
+                    added[0] = None  # a key put back after a pop moves to the map's end
                 return pop(key, *args, **kwargs)
 
             keys.insert, keys.pop = counted_insert, counted_pop
             self._watched_keys = keys
+            added[0] = None  # a new map: nothing is known of it until a full scan
             changes[0] += 1
         return self._key_changes[0]
+
+    def take_added_mamba_keys(self) -> list[tuple[bytes, KVCacheBlock]] | None:
+        """The (key, block) pairs of the mamba keys added to the prefix cache since the last call, in
+        order, when nothing else changed the mamba keys since (no pop, no second block on a key): then
+        `cached_mamba_blocks` yields what it yielded at that call followed by these pairs. None when a
+        full scan is needed (always before the watch is on, or on a vLLM whose key map keeps block ids)."""
+        added = self._added
+        pairs = added[0]
+        added[0] = [] if self._watched_keys is not None else None
+        return pairs
 
     def take_inserted(self) -> tuple[int, ...]:
         """The mamba blocks keyed in the prefix cache since the last call (once the watch is on)."""
