@@ -214,12 +214,18 @@ class KernelModel:
         if not spec_row:
             checkpoint = self._checkpoint_position(num_computed, seq_len)
             cause = "chunk-end+drafts" if num_drafts else "chunk-end"
+            null = g.null_block_id  # every model here has this model's geometry
             for model, table in groups:
                 writes: list[tuple[int, int, State, str]] = []
                 if copy_from is not None:
                     model._precopy(table, copy_from, curr, writes)
                 block = table[curr]
-                start = model.state_of(block) if num_computed > 0 else EMPTY
+                if num_computed > 0:  # `state_of`, its common case inline
+                    start = model.held.get(block)
+                    if start is None:
+                        start = model.state_of(block)
+                else:
+                    start = EMPTY
                 if lead and start == lead[0]:
                     final, at_checkpoint, outputs = lead[1], lead[2], []
                 else:
@@ -227,7 +233,9 @@ class KernelModel:
                                                                   checkpoint, sample and not rows)
                     if not lead:
                         lead = (start, final, at_checkpoint)
-                if model._write(block, final):  # drafts included: the kernel cannot roll them back
+                if block > null:  # `_write` inline; drafts included: the kernel cannot roll them back
+                    model.held[block] = final
+                    model.dirty.add(block)
                     writes.append((curr, block, final, cause))
                 if checkpoint is not None:
                     column = cdiv(seq_len, g.block_size) - 2

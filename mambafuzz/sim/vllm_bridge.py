@@ -16,7 +16,6 @@ import os
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -55,7 +54,6 @@ from mambafuzz.sim.vllm_compat.api import (  # noqa: E402
     SpeculativeConfig,
     StructuredOutputManager,
     VllmConfig,
-    get_block_hash,
     get_kv_cache_groups_uniform_page_size,
     get_mamba_prefill_checkpoint_position,
     get_request_block_hasher,
@@ -296,9 +294,8 @@ def kv_cache_config_for(e: EngineConfig, num_blocks: int, max_model_len: int) ->
         OFF_VALUES, VLLM))
 
 
-@dataclass(frozen=True)
-class CachedMambaEntry:
-    """One prefix-cache key that points at a mamba block."""
+class CachedMambaEntry(typing.NamedTuple):
+    """One prefix-cache key that points at a mamba block (a NamedTuple: built without a Python frame)."""
 
     block_hash: bytes
     block_id: int
@@ -570,8 +567,9 @@ class SchedulerSession:
     def mamba_entry(key: bytes, block: KVCacheBlock) -> CachedMambaEntry:
         """One (key, block) pair of `cached_mamba_blocks`, described."""
         primary = block.block_hash == key
-        return CachedMambaEntry(bytes(get_block_hash(key)), block.block_id, primary,
-                                block.block_hash_num_tokens if primary else None)
+        # the key less its group id, its last 4 bytes (get_block_hash, as `cached_mamba_blocks` reads it)
+        return tuple.__new__(CachedMambaEntry, (bytes(key[:-4]), block.block_id, primary,
+                                                block.block_hash_num_tokens if primary else None))
 
     @staticmethod
     def spec_tokens(out: SchedulerOutput) -> Mapping[str, list[int]]:
