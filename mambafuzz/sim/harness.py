@@ -729,6 +729,7 @@ class _Runner:
         # request to produce a hash is the one its entries name). A request finished or aborted
         # at an earlier step has nothing new; one aborted this step still has its prompt's hashes.
         learn = self.prefix_caching
+        learned = self.book.learned  # a request with no more hashes than learned has nothing new
         aborted_now = rec.aborts
         for rid, live in self.live.items():
             if rid in done:
@@ -736,9 +737,11 @@ class _Runner:
                     self.book.learn(rid, live.req.block_hashes, live.truth)
                 continue
             req = live.req
-            extend_truth(live.truth, req)
-            if learn:
-                self.book.learn(rid, req.block_hashes, live.truth)
+            truth = live.truth
+            if req.num_tokens > len(truth.tokens):  # extend_truth, inline
+                extend_truth(truth, req)
+            if learn and len(req.block_hashes) > learned.get(rid, 0):
+                self.book.learn(rid, req.block_hashes, truth)
             if req.is_finished():
                 if rid not in self.trace.finish_status:
                     self.trace.finish_status[rid] = req.status.name

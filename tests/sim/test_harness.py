@@ -181,6 +181,30 @@ def test_the_keys_the_bridge_hands_out_as_added_are_what_a_scan_adds():
     assert fast > 50 and slow > 50
 
 
+def test_every_published_mamba_key_is_in_the_hash_book_when_the_audit_judges_it():
+    """The hash book learns each request's new hashes before the audit (and `_after_update` skips
+    the requests with none new): an entry whose hash the book does not know would claim no state
+    at all and be filed as poisoned."""
+    import random
+
+    from mambafuzz.model.generate import random_scenario
+    from mambafuzz.model.scenario import ScenarioError, with_scheduling
+    from mambafuzz.sim.cache_audit import UNKNOWN_CLAIM
+
+    rng = random.Random(11)
+    judged = 0
+    for s in [random_scenario(rng) for _ in range(40)]:
+        for scheduling in ("sync", "async"):
+            try:
+                trace = harness.run(with_scheduling(s, scheduling))
+            except ScenarioError:  # e.g. pipeline stages, which need async scheduling
+                continue
+            entries = [e for rec in trace.steps for e in rec.cache]
+            assert all(e.claimed_by != UNKNOWN_CLAIM[0] for e in entries)
+            judged += len(entries)
+    assert judged > 100
+
+
 def test_a_cache_change_the_counter_misses_is_a_tool_failure_not_a_clean_run(monkeypatch):
     """Should a vLLM change its prefix cache without going through the counted `insert`/`pop`,
     the incremental audit would miss entries; the end-of-run check turns that into a HarnessError."""
