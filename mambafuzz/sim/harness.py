@@ -365,7 +365,7 @@ class _Runner:
     def _take_input(self, rec: StepRecord, step: int) -> None:
         """What the engine core's input queue delivers before a step: arrivals, then aborts."""
         session = self.session
-        for i, rid in self.plan.arrivals(step):
+        for i, rid in self.plan.arrivals(step) if step in self.plan.arrivals_at else ():
             r = self.s.requests[i]
             truth = PrefixStates.for_prompt(self.s.prompt_key(i), lambda: self.s.prompt_tokens(i))  # noqa: B023
             session.add_request(rid, truth.tokens, r.max_tokens, float(step))  # vLLM gets a copy
@@ -776,7 +776,10 @@ class _Runner:
         While no key was added or removed, the last scan's entries (all judged) still hold; while keys
         were only added, each new to the map, a scan would yield the last scan's entries and then
         theirs (SchedulerSession.take_added_mamba_keys), so the scan is not redone."""
-        written = self.model.take_dirty()
+        model = self.model
+        written = model.dirty  # `take_dirty`, inline: the blocks written since the last step
+        if written:
+            model.dirty = set()
         version = self.session.cache_keys_version()
         if version == self._scanned_version:
             if not written or written.isdisjoint(self._scanned_blocks):

@@ -133,8 +133,11 @@ class KernelModel:
             self._num_accepted.pop(rid, None)
 
     def zero_blocks(self, block_ids: list[int]) -> None:
-        for b in block_ids:
-            self._write(b, ZEROED)
+        null, held, dirty = self.g.null_block_id, self.held, self.dirty
+        for b in block_ids:  # `_write`, inline
+            if b > null:
+                held[b] = ZEROED
+                dirty.add(b)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """CoW copies of every group (their sources are published blocks, so written ones for
