@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from mambafuzz.sim.hash_book import HashBook
     from mambafuzz.sim.kernel_model import KernelModel
 
+_tuple_new = tuple.__new__
+
 # A hash no request's tokens define: its claim is a state no block can hold.
 UNKNOWN_CLAIM = ("?", State(-3, 0))
 
@@ -41,5 +43,6 @@ class BlockAuditor:
         whose `block_hash_num_tokens` is `recorded_tokens`."""
         owner, claimed = self.book.claim(block_hash) or UNKNOWN_CLAIM
         column = -(-claimed.num_tokens // self.block_size) - 1
-        return CacheEntry(block_id, column, claimed, self.model.state_of(block_id), owner, new, primary,
-                          recorded_tokens)
+        # tuple.__new__ builds the NamedTuple without its constructor's Python frame
+        return _tuple_new(CacheEntry, (block_id, column, claimed, self.model.state_of(block_id), owner, new, primary,
+                                       recorded_tokens))

@@ -365,7 +365,7 @@ class _Runner:
     def _take_input(self, rec: StepRecord, step: int) -> None:
         """What the engine core's input queue delivers before a step: arrivals, then aborts."""
         session = self.session
-        for i, rid in self.plan.arrivals(step):
+        for i, rid in self.plan.arrivals(step) if step in self.plan.arrivals_at else ():
             r = self.s.requests[i]
             truth = PrefixStates.for_prompt(self.s.prompt_key(i), lambda: self.s.prompt_tokens(i))  # noqa: B023
             session.add_request(rid, truth.tokens, r.max_tokens, float(step))  # vLLM gets a copy
@@ -729,6 +729,7 @@ class _Runner:
         # request to produce a hash is the one its entries name). A request finished or aborted
         # at an earlier step has nothing new; one aborted this step still has its prompt's hashes.
         learn = self.prefix_caching
+        learned = self.book.learned  # a request with no more hashes than learned has nothing new
         aborted_now = rec.aborts
         for rid, live in self.live.items():
             if rid in done:
@@ -736,9 +737,11 @@ class _Runner:
                     self.book.learn(rid, live.req.block_hashes, live.truth)
                 continue
             req = live.req
-            extend_truth(live.truth, req)
-            if learn:
-                self.book.learn(rid, req.block_hashes, live.truth)
+            truth = live.truth
+            if req.num_tokens > len(truth.tokens):  # extend_truth, inline
+                extend_truth(truth, req)
+            if learn and len(req.block_hashes) > learned.get(rid, 0):
+                self.book.learn(rid, req.block_hashes, truth)
             if req.is_finished():
                 if rid not in self.trace.finish_status:
                     self.trace.finish_status[rid] = req.status.name
@@ -770,14 +773,30 @@ class _Runner:
         """Record the mamba cache entries whose verdict may have changed this step: new keys, and
         keys on blocks the kernel model wrote. A key's claim never changes and a block's held state
         changes only by a write, so an entry judged before keeps its verdict until one of these.
-        While no key was added or removed, the last scan's entries (all judged) still hold."""
-        written = self.model.take_dirty()
+        While no key was added or removed, the last scan's entries (all judged) still hold; while keys
+        were only added, each new to the map, a scan would yield the last scan's entries and then
+        theirs (SchedulerSession.take_added_mamba_keys), so the scan is not redone."""
+        model = self.model
+        written = model.dirty  # `take_dirty`, inline: the blocks written since the last step
+        if written:
+            model.dirty = set()
         version = self.session.cache_keys_version()
         if version == self._scanned_version:
             if not written or written.isdisjoint(self._scanned_blocks):
                 return
             changed = [(key, block) for key, block in self._scanned if block.block_id in written]
             self._describe(rec, changed, self.known_entries)
+            return
+        added = self.session.take_added_mamba_keys()
+        if added is not None:
+            known = self.known_entries
+            changed = ([(key, block) for key, block in self._scanned if block.block_id in written]
+                       if written and not written.isdisjoint(self._scanned_blocks) else [])
+            self._describe(rec, changed + added, known)  # the new keys' entries are not in `known`: new
+            self._scanned += added
+            known.update([(key, block.block_id) for key, block in added])
+            self._scanned_blocks.update([block.block_id for _, block in added])
+            self._scanned_version = version
             return
         scanned = list(self.session.cached_mamba_blocks())
         seen = {(key, block.block_id) for key, block in scanned}

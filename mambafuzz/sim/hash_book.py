@@ -19,11 +19,13 @@ class HashBook:
         self.unit = hash_block_size
         self.limit = limit
         self.truth: dict[bytes, tuple[str, Any]] = {}
-        self._seen: dict[str, int] = {}
+        # per request, how many of its hashes `learn` has gone through: while a request has no more
+        # hashes than this, `learn` changes nothing (a caller on a hot path may skip the call)
+        self.learned: dict[str, int] = {}
 
     def learn(self, rid: str, hashes: Sequence[bytes], truth: Any) -> None:
         """Record the hashes of `rid` not seen yet whose tokens `truth` (PrefixStates) covers."""
-        start = self._seen.get(rid, 0)
+        start = self.learned.get(rid, 0)
         end = min(len(hashes), len(truth.tokens) // self.unit)
         if end <= start:
             return
@@ -32,14 +34,14 @@ class HashBook:
             key = bytes(hashes[i])
             if key not in book:  # the first request to produce a hash names it; later ones build nothing
                 book[key] = (rid, truth.at((i + 1) * unit))
-        self._seen[rid] = end
+        self.learned[rid] = end
         if self.limit is not None and len(self.truth) > self.limit:
             for key in list(self.truth)[: self.limit // 2]:
                 del self.truth[key]
 
     def forget(self, rid: str) -> None:
         """`rid` finished: its hashes stay, its progress is dropped."""
-        self._seen.pop(rid, None)
+        self.learned.pop(rid, None)
 
     def claim(self, block_hash: bytes) -> tuple[str, Any] | None:
         """(request that defined it, the state it stands for), or None for a hash never seen."""

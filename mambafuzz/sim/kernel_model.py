@@ -164,8 +164,11 @@ class KernelModel:
             self._num_accepted.pop(rid, None)
 
     def zero_blocks(self, block_ids: list[int]) -> None:
-        for b in block_ids:
-            self._write(b, ZEROED)
+        null, held, dirty = self.g.null_block_id, self.held, self.dirty
+        for b in block_ids:  # `_write`, inline
+            if b > null:
+                held[b] = ZEROED
+                dirty.add(b)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """CoW copies of every group (their sources are published blocks, so written ones for
@@ -250,12 +253,22 @@ class KernelModel:
         if not spec_row:
             checkpoint = self._checkpoint_position(num_computed, seq_len)
             cause = "chunk-end+drafts" if num_drafts else "chunk-end"
+            null = g.null_block_id  # every model here has this model's geometry
             for model, table in groups:
                 writes: list[tuple[int, int, State, str]] = []
                 if copy_from is not None:
                     model._precopy(rid, table, copy_from, curr, writes)
                 block = table[curr]
-                start = model._row_read(rid, block) if num_computed > 0 else EMPTY
+                if num_computed > 0:  # `_row_read`, its common case inline
+                    written = model._row_writes.get(block)
+                    if written is not None and written[0] != rid:
+                        start = written[1]
+                    else:
+                        start = model.held.get(block)
+                        if start is None:
+                            start = model.state_of(block)
+                else:
+                    start = EMPTY
                 if lead and start == lead[0]:
                     final, at_checkpoint, outputs = lead[1], lead[2], []
                 else:
@@ -263,7 +276,11 @@ class KernelModel:
                                                                   checkpoint, sample and not rows)
                     if not lead:
                         lead = (start, final, at_checkpoint)
-                if model._row_write(rid, block, final):  # drafts included: the kernel cannot roll them back
+                if block > null:  # `_row_write` inline; drafts included: the kernel cannot roll them back
+                    if block not in model._row_writes:
+                        model._row_writes[block] = (rid, model.state_of(block))
+                    model.held[block] = final
+                    model.dirty.add(block)
                     writes.append((curr, block, final, cause))
                 if checkpoint is not None:
                     column = cdiv(seq_len, g.block_size) - 2

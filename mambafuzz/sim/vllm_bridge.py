@@ -16,7 +16,6 @@ import os
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -55,7 +54,6 @@ from mambafuzz.sim.vllm_compat.api import (  # noqa: E402
     SpeculativeConfig,
     StructuredOutputManager,
     VllmConfig,
-    get_block_hash,
     get_kv_cache_groups_uniform_page_size,
     get_mamba_prefill_checkpoint_position,
     get_request_block_hasher,
@@ -296,9 +294,8 @@ def kv_cache_config_for(e: EngineConfig, num_blocks: int, max_model_len: int) ->
         OFF_VALUES, VLLM))
 
 
-@dataclass(frozen=True)
-class CachedMambaEntry:
-    """One prefix-cache key that points at a mamba block."""
+class CachedMambaEntry(typing.NamedTuple):
+    """One prefix-cache key that points at a mamba block (a NamedTuple: built without a Python frame)."""
 
     block_hash: bytes
     block_id: int
@@ -387,6 +384,9 @@ class SchedulerSession:
         self._watched_keys: object = None  # the key map cache_keys_version watches
         self._key_changes = [0]
         self._inserted: list[int] = []  # mamba blocks keyed since the last take_inserted()
+        # [the (key, block) pairs of mamba keys new to the map since the last take_added_mamba_keys(), or
+        # None when the map changed some other way since (a pop, a second block on a key) or is not watched]
+        self._added: list = [None]
         # Our own references: vLLM drops finished requests from `scheduler.requests` inside
         # update_from_output, before their last sampled token could be read back.
         self._requests: dict[str, Request] = {}
@@ -490,8 +490,12 @@ class SchedulerSession:
         `pop`, the only ways vLLM changes it), and again should vLLM replace the map."""
         keys = self.block_pool.cached_block_hash_to_block
         if keys is not self._watched_keys:
-            changes, suffix, inserted = self._key_changes, self._mamba_key_suffix, self._inserted
+            changes, suffix, inserted, added = self._key_changes, self._mamba_key_suffix, self._inserted, self._added
             insert, pop = keys.insert, keys.pop
+            # Where a key maps to its block itself (vLLM before 0.34: no `_dup_ids`), a key new to the map is
+            # yielded last by `cached_mamba_blocks`, as the block it was inserted with: `take_added_mamba_keys`
+            # hands those out. Any other layout, and any other change, leaves it None.
+            cache = None if hasattr(keys, "_dup_ids") else getattr(keys, "_cache", None)
 
             def counted_insert(key, *args, **kwargs):
                 if key[-4:] == suffix:
@@ -499,17 +503,35 @@ class SchedulerSession:
                     block = args[0] if args else kwargs.get("block")
                     if block is not None:
                         inserted.append(block.block_id)
+                    pairs = added[0]
+                    if pairs is not None:
+                        if block is None or type(cache) is not dict or key in cache:
+                            added[0] = None  # a second block on a key keeps the key's place in the map
+                        else:
+                            pairs.append((key, block))
                 return insert(key, *args, **kwargs)
 
             def counted_pop(key, *args, **kwargs):
                 if key[-4:] == suffix:
                     changes[0] += 1
+                    added[0] = None  # a key put back after a pop moves to the map's end
                 return pop(key, *args, **kwargs)
 
             keys.insert, keys.pop = counted_insert, counted_pop
             self._watched_keys = keys
+            added[0] = None  # a new map: nothing is known of it until a full scan
             changes[0] += 1
         return self._key_changes[0]
+
+    def take_added_mamba_keys(self) -> list[tuple[bytes, KVCacheBlock]] | None:
+        """The (key, block) pairs of the mamba keys added to the prefix cache since the last call, in
+        order, when nothing else changed the mamba keys since (no pop, no second block on a key): then
+        `cached_mamba_blocks` yields what it yielded at that call followed by these pairs. None when a
+        full scan is needed (always before the watch is on, or on a vLLM whose key map keeps block ids)."""
+        added = self._added
+        pairs = added[0]
+        added[0] = [] if self._watched_keys is not None else None
+        return pairs
 
     def take_inserted(self) -> tuple[int, ...]:
         """The mamba blocks keyed in the prefix cache since the last call (once the watch is on)."""
@@ -545,8 +567,9 @@ class SchedulerSession:
     def mamba_entry(key: bytes, block: KVCacheBlock) -> CachedMambaEntry:
         """One (key, block) pair of `cached_mamba_blocks`, described."""
         primary = block.block_hash == key
-        return CachedMambaEntry(bytes(get_block_hash(key)), block.block_id, primary,
-                                block.block_hash_num_tokens if primary else None)
+        # the key less its group id, its last 4 bytes (get_block_hash, as `cached_mamba_blocks` reads it)
+        return tuple.__new__(CachedMambaEntry, (bytes(key[:-4]), block.block_id, primary,
+                                                block.block_hash_num_tokens if primary else None))
 
     @staticmethod
     def spec_tokens(out: SchedulerOutput) -> Mapping[str, list[int]]:

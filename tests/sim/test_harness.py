@@ -93,7 +93,8 @@ def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
     runner.trace = Trace(split="fixed", prefix_caching=True)
     keys_version = [0]  # unchanged after the first step: the audit works from its last scan
     runner.session = SimpleNamespace(cached_mamba_blocks=lambda: iter([(key, block)]),
-                                     cache_keys_version=lambda: keys_version[0])
+                                     cache_keys_version=lambda: keys_version[0],
+                                     take_added_mamba_keys=lambda: None)
     runner.book = HashBook(8)
     runner.book.truth[key[:-4]] = ("r0", truth.at(8))
     runner.model = KernelModel(KernelGeometry(block_size=8, hash_block_size=8, checkpoint_alignment=None,
@@ -136,6 +137,72 @@ def test_the_cache_audit_between_key_changes_records_what_a_full_scan_every_step
     monkeypatch.setattr(vllm_bridge.SchedulerSession, "cache_keys_version", lambda self: next(forced))
     assert entries() == incremental
     assert sum(len(rec) for runs in incremental for rec in runs) > 0  # the scenarios do publish blocks
+
+
+def test_the_keys_the_bridge_hands_out_as_added_are_what_a_scan_adds():
+    """`take_added_mamba_keys` lets the audit skip a rescan: when it returns pairs, a scan must yield
+    the last scan's pairs followed by exactly these. Random inserts (new keys, second blocks on a
+    key, other groups' keys) and pops on a real session's key map, checked after every operation."""
+    import random
+
+    from mambafuzz.sim import vllm_bridge as vb
+
+    s = shared_prefix_scenario()
+    session = vb.SchedulerSession(s.engine, 64, s.max_model_len(), None)
+    session.cache_keys_version()  # the watch
+    keys, blocks = session.block_pool.cached_block_hash_to_block, session.block_pool.blocks
+    other_suffix = bytes(4) if session._mamba_key_suffix != bytes(4) else (1).to_bytes(4, "little")
+    assert session.take_added_mamba_keys() is None  # nothing known before a full scan
+    scan = list(session.cached_mamba_blocks())
+    rng = random.Random(5)
+    live: list[tuple[bytes, int]] = []
+    fast = slow = 0
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.2 and live:
+            key, block_id = live.pop(rng.randrange(len(live)))
+            keys.pop(key, block_id)
+        else:
+            suffix = session._mamba_key_suffix if op < 0.85 else other_suffix
+            key = bytes([rng.randrange(6)]) * 32 + suffix
+            block = blocks[rng.randrange(1, 20)]
+            if keys.contain(key, block.block_id):
+                continue
+            keys.insert(key, block)
+            live.append((key, block.block_id))
+        added = session.take_added_mamba_keys()
+        now = list(session.cached_mamba_blocks())
+        if added is not None:
+            assert now == scan + added
+            fast += 1
+        else:
+            slow += 1
+        scan = now
+    assert fast > 50 and slow > 50
+
+
+def test_every_published_mamba_key_is_in_the_hash_book_when_the_audit_judges_it():
+    """The hash book learns each request's new hashes before the audit (and `_after_update` skips
+    the requests with none new): an entry whose hash the book does not know would claim no state
+    at all and be filed as poisoned."""
+    import random
+
+    from mambafuzz.model.generate import random_scenario
+    from mambafuzz.model.scenario import ScenarioError, with_scheduling
+    from mambafuzz.sim.cache_audit import UNKNOWN_CLAIM
+
+    rng = random.Random(11)
+    judged = 0
+    for s in [random_scenario(rng) for _ in range(40)]:
+        for scheduling in ("sync", "async"):
+            try:
+                trace = harness.run(with_scheduling(s, scheduling))
+            except ScenarioError:  # e.g. pipeline stages, which need async scheduling
+                continue
+            entries = [e for rec in trace.steps for e in rec.cache]
+            assert all(e.claimed_by != UNKNOWN_CLAIM[0] for e in entries)
+            judged += len(entries)
+    assert judged > 100
 
 
 def test_a_cache_change_the_counter_misses_is_a_tool_failure_not_a_clean_run(monkeypatch):

@@ -101,6 +101,26 @@ def test_auditor_describes_what_the_hash_claims_and_the_block_holds():
     assert not auditor.knows(b"c") and slot_hash_poisoned(auditor.entry(b"c", 6, False, None, True))
 
 
+def test_the_hash_book_learns_nothing_from_a_request_with_no_more_hashes_than_it_learned():
+    """The harness skips `learn` while a request has no more hashes than `HashBook.learned` says:
+    such a call must change nothing, whatever its truth covers, and a call with more hashes must
+    learn them once its truth covers them."""
+    import random
+
+    rng = random.Random(3)
+    book = HashBook(4)
+    hashes = {rid: [bytes([i, j]) for j in range(9)] for i, rid in enumerate(["r0", "r1", "r2"])}
+    for _ in range(300):
+        rid = rng.choice(list(hashes))
+        have, covered = rng.randrange(10), PrefixStates(list(range(1, 1 + rng.randrange(40))))
+        before = (dict(book.truth), dict(book.learned))
+        book.learn(rid, hashes[rid][:have], covered)
+        if have <= before[1].get(rid, 0):
+            assert (book.truth, book.learned) == before
+        else:
+            assert book.learned.get(rid, 0) == max(before[1].get(rid, 0), min(have, len(covered.tokens) // 4))
+
+
 def test_importing_the_audit_plugin_imports_no_vllm():
     """The plugin is loaded by every vLLM process: its import may not pull vLLM or the bridge's
     module-level patches in; the step pieces load on the first audited step."""
