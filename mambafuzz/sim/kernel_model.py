@@ -93,7 +93,8 @@ class KernelModel:
         self._num_accepted: dict[str, int] = {}  # worker's num_accepted_tokens_cpu
         # The blocks rows wrote in this forward: block -> (the request whose row wrote it first,
         # what the block held when the forward began). See `begin_forward`.
-        self._row_writes: dict[int, tuple[str, State]] = {}
+        # None while the forward runs one row: no other row's write to hide.
+        self._row_writes: dict[int, tuple[str, State]] | None = {}
 
     def state_of(self, block_id: int) -> State:
         state = self.held.get(block_id)
@@ -108,20 +109,20 @@ class KernelModel:
         self.dirty.add(block_id)
         return True
 
-    def begin_forward(self) -> None:
+    def begin_forward(self, rows: int = 2) -> None:
         """A new batch's forward begins: every row of it reads the state its block held at this
         point, whatever another row of the same batch writes. The mixers' batched kernels gather
         every sequence's initial state before they scatter any final one (GDN: `initial_state =
         ssm_state[state_indices]`, then `ssm_state[state_indices] = last_state`, qwen3_next.py
         `_forward_core`; the conv kernels run one program per sequence on the same cache), so a
         row cannot see another row's write of the same forward. Only the mixer's own writes
-        count as row writes; the copies before the forward (`_precopy`) every row sees."""
-        if self._row_writes:
-            self._row_writes = {}
+        count as row writes; the copies before the forward (`_precopy`) every row sees. A forward
+        of one row has no other row: nothing is tracked (`rows` 1)."""
+        self._row_writes = {} if rows > 1 else None
 
     def _row_read(self, rid: str, block_id: int) -> State:
         """What `rid`'s row reads from `block_id` in this forward (see `begin_forward`)."""
-        written = self._row_writes.get(block_id)
+        written = self._row_writes.get(block_id) if self._row_writes else None
         if written is not None and written[0] != rid:
             return written[1]
         return self.state_of(block_id)
@@ -130,8 +131,9 @@ class KernelModel:
         """`_write` by `rid`'s row, remembering what the block held before this forward's first row write."""
         if block_id <= self.g.null_block_id:
             return False
-        if block_id not in self._row_writes:
-            self._row_writes[block_id] = (rid, self.state_of(block_id))
+        row_writes = self._row_writes
+        if row_writes is not None and block_id not in row_writes:
+            row_writes[block_id] = (rid, self.state_of(block_id))
         self.held[block_id] = state
         self.dirty.add(block_id)
         return True
@@ -260,7 +262,8 @@ class KernelModel:
                     model._precopy(rid, table, copy_from, curr, writes)
                 block = table[curr]
                 if num_computed > 0:  # `_row_read`, its common case inline
-                    written = model._row_writes.get(block)
+                    row_writes = model._row_writes
+                    written = row_writes.get(block) if row_writes else None
                     if written is not None and written[0] != rid:
                         start = written[1]
                     else:
@@ -277,8 +280,9 @@ class KernelModel:
                     if not lead:
                         lead = (start, final, at_checkpoint)
                 if block > null:  # `_row_write` inline; drafts included: the kernel cannot roll them back
-                    if block not in model._row_writes:
-                        model._row_writes[block] = (rid, model.state_of(block))
+                    row_writes = model._row_writes
+                    if row_writes is not None and block not in row_writes:
+                        row_writes[block] = (rid, model.state_of(block))
                     model.held[block] = final
                     model.dirty.add(block)
                     writes.append((curr, block, final, cause))

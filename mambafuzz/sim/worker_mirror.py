@@ -86,9 +86,9 @@ class WorkerMirror:
     def before_forward(self, out: Any) -> Sequence[tuple[int, State]]:
         """Apply what precedes the forward; returns (dst, state the first model holds after the
         copies) per CoW copy, in order. Starts the forward (`KernelModel.begin_forward`)."""
+        rows = len(out.num_scheduled_tokens)
         for model in self.models:
-            if model._row_writes:  # begin_forward, inline: one check a model a step
-                model._row_writes = {}
+            model.begin_forward(rows)
         dropped = dropped_requests(out)
         zero = out.new_block_ids_to_zero
         if dropped:

@@ -22,9 +22,10 @@ def model(block_size: int) -> KernelModel:
                                       num_speculative_tokens=2))
 
 
-def output(copies=(), zero=(), finished=()):
+def output(copies=(), zero=(), finished=(), scheduled=("r",)):
     """The SchedulerOutput fields the mirror reads."""
     return SimpleNamespace(finished_req_ids=set(finished), preempted_req_ids=None,
+                           num_scheduled_tokens=dict.fromkeys(scheduled, 1),
                            scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=None), new_block_ids_to_zero=list(zero),
                            kv_cache_block_copies=[SimpleNamespace(src_block_id=s, dst_block_id=d) for s, d in copies])
 
@@ -174,12 +175,12 @@ def test_a_row_reads_its_block_as_the_forward_began_not_another_rows_write():
     every initial state before scattering any final one): a request that reads a block another
     request writes in the same forward reads the old state; in the next forward, the new one."""
     mirror = WorkerMirror([model(4)], spec_engine=False)
-    mirror.before_forward(output())
+    mirror.before_forward(output(scheduled=("a", "b")))
     _, a = mirror.run_row("a", [[5, 6]], 0, 4, [], TRUTH, 20, 20)
     assert a.writes == [(0, 5, TRUTH.at(4), "chunk-end")]
     _, b = mirror.run_row("b", [[5, 7]], 4, 4, [], TRUTH, 20, 20)  # copies block 5 into 7, then reads 7
     assert b.read_state != TRUTH.at(4)  # block 5 as the forward began: never written
     assert mirror.first.held[5] == TRUTH.at(4)  # a's write stands
-    mirror.before_forward(output())
+    mirror.before_forward(output(scheduled=("c",)))  # one row: nothing to track
     _, c = mirror.run_row("c", [[5, 8]], 4, 4, [], TRUTH, 20, 20)
     assert c.read_state == TRUTH.at(4)
