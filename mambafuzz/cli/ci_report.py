@@ -44,7 +44,8 @@ def _groups(findings: Path, new: list[dict]) -> list[dict]:
     file does not name (or no file) is a group of its own."""
     files = {Path(i["file"]).name: i["file"] for i in new}  # the campaign may have named them from elsewhere
     groups = [{"root": files[Path(g["root"]).name],
-               "members": [dict(m, path=files[Path(m["path"]).name]) for m in g["members"]]}
+               "members": [dict(m, path=files[Path(m["path"]).name]) for m in g["members"]],
+               **({"cause": g["cause"]} if g.get("cause") else {})}
               for g in grouping.read(findings) or []
               if g.get("members") and all(Path(m["path"]).name in files for m in g["members"])]
     named = {m["path"] for g in groups for m in g["members"]}
@@ -53,13 +54,14 @@ def _groups(findings: Path, new: list[dict]) -> list[dict]:
                      for i in new if i["file"] not in named]
 
 
-def _result(item: dict, level: str, text: str, related: list[dict] = ()) -> dict:
+def _result(item: dict, level: str, text: str, related: list[dict] = (), one_cause: bool = False) -> dict:
     out = {"ruleId": item["kind"], "level": level, "message": {"text": text},
            "locations": [{"physicalLocation": {"artifactLocation": {"uri": item["file"]}}}],
            "partialFingerprints": {"signature": item["signature"]}}
     if related:
         out["relatedLocations"] = [{"id": n, "physicalLocation": {"artifactLocation": {"uri": m["path"]}},
-                                    "message": {"text": f"{m['fine_signature']} (grouped with the first, {m['why']}; may be another cause)"}}
+                                    "message": {"text": f"{m['fine_signature']} (grouped with the first, {m['why']}"
+                                                        + ("; the same change)" if one_cause else "; may be another cause)")}}
                                    for n, m in enumerate(related, 1)]
     return out
 
@@ -81,7 +83,9 @@ def summarize(findings: Path, out: Path, split: str) -> dict:
         root = by_file[g["root"]]
         n = len(g["members"])
         results.append(_result(root, "error", f"{root['message']} (replay: {root['repro']})"
-                               + (f"; {n} findings, one group of shared symptoms" if n > 1 else ""), g["members"][1:]))
+                               + (f"; {n} findings, one root cause ({g['cause']})" if n > 1 and g.get("cause") else
+                                  f"; {n} findings, one group of shared symptoms" if n > 1 else ""), g["members"][1:],
+                               bool(g.get("cause"))))
     results += [_result(i, "warning", f"flaky: {i['message']} (replay: {i['repro']})") for i in summary["flaky"]]
     results += [_result(i, "note", f"pre-existing (the base shows it too; known: {', '.join(i['known']) or 'none'}): "
                                    f"{i['message']}") for i in pre]

@@ -227,13 +227,17 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     groups = (_group_findings(real, args.split, Path(args.findings), patch_specs, known_fix_dirs,
                               replay=not result.interrupted, base=base) if real else [])
     print(f"\nsummary: {result.execs} executions in {result.seconds:.1f}s, {len(real)} new finding(s)"
-          + (f" in {len(groups)} group(s) of shared symptoms" if groups else "")
+          + ((" in 1 group: the PR's one change" if groups[0].get("cause") else
+              f" in {len(groups)} group(s) of shared symptoms") if groups else "")
           + (f", {len(result.new_files) - len(real)} flaky" if len(result.new_files) > len(real) else "")
           + (f", {result.tool_errors} tool failure(s)" if result.tool_errors else "")
           + (" (interrupted)" if result.interrupted else ""))
     if any(result.modes.values()):
         print("  scheduling: " + ", ".join(f"{n} {mode}" for mode, n in sorted(result.modes.items())))
-    if groups:
+    if groups and groups[0].get("cause"):
+        print(f"groups ({groups[0]['cause']}: every new finding needs it, so one root cause; every member kept; "
+              f"{Path(args.findings) / GROUPS_FILE}):")
+    elif groups:
         print(f"groups (shared symptoms; a group may hold more than one cause; every member kept; "
               f"{Path(args.findings) / GROUPS_FILE}):")
     for i, g in enumerate(groups, 1):
@@ -278,7 +282,9 @@ def _group_findings(paths: list[Path], split: str, findings: Path, patch_specs: 
     """Group this campaign's new findings by shared symptom, replaying (unless not `replay`: after
     Ctrl-C) under what its workers ran (the vLLM here, its --patch specs and known fixes), and
     write FINDINGS/root-causes.jsonl. With a `base` (the PR job), links are gated by each finding's
-    divergence key: its minimized case run here and on the base (mambafuzz.store.grouping)."""
+    divergence key: its minimized case run here and on the base (mambafuzz.store.grouping); and
+    when the PR is one change away from its base, all its new findings are one group
+    (mambafuzz.search.pr_change)."""
     from mambafuzz.checks.pipeline import signature_of
     from mambafuzz.sim import patching
     from mambafuzz.store import grouping
@@ -299,6 +305,11 @@ def _group_findings(paths: list[Path], split: str, findings: Path, patch_specs: 
         divergence = lambda m: keys.get(m.path)  # noqa: E731
     groups = grouping.group(found, (lambda scenario, split: signature_of(scenario, split, patches)) if replay else None,
                             divergence)
+    if divergence is not None and len(groups) > 1:
+        from mambafuzz.search import pr_change
+
+        if pr_change.changes_against(base) == 1:  # every new finding needs the PR's one change
+            groups = pr_change.one_group(groups)
     grouping.write(findings, groups)
     return groups
 

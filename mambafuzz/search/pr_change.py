@@ -1,0 +1,89 @@
+"""How many changes separate the PR's vLLM from its base: the PR job's cheapest sound grouping.
+
+A finding fails a PR only when it is a violation on the PR's vLLM and clean on the base
+(mambafuzz.search.base_oracle). When the two differ by one change (one hunk of source, or one
+planted patch), every such finding needs that change: without it the base runs clean. So all
+of the PR's new findings are one root cause, whatever their symptoms, and the symptom rules of
+mambafuzz.store.grouping (which never join a crash to a stall) are not needed. With two changes
+or more nothing is concluded here: telling them apart would take replaying each finding with one
+change reverted at a time (not done).
+
+The PR's side is this process: the vLLM it imports (an overlay on PYTHONPATH, or the installed
+one) plus the planted bug MAMBAFUZZ_MUTANT names. The base is `installed` (the environment's
+vLLM without the overlay or the bug) or a directory holding `vllm/`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mambafuzz.search.base_oracle import INSTALLED, base_env
+
+MANY = 1_000  # a count past which the trees are not compared further (one change is what matters)
+
+
+def patch_changes(patches: list) -> int:
+    """Changes in a planted bug's patches: each edit of a `Rewrite`, one for any other patch (a
+    wrapper replaces one function)."""
+    return sum(len(getattr(p, "edits", ()) or ()) or 1 for p in patches)
+
+
+def tree_changes(pr: Path, base: Path, limit: int = MANY) -> int:
+    """Hunks between two vLLM package trees (their .py files): a file on one side only counts one;
+    stops counting at `limit`."""
+    if pr.resolve() == base.resolve():
+        return 0
+    count = 0
+    names = {p.relative_to(pr) for p in pr.rglob("*.py")} | {p.relative_to(base) for p in base.rglob("*.py")}
+    for name in sorted(names):
+        a, b = base / name, pr / name
+        if not a.is_file() or not b.is_file():
+            count += 1
+        else:
+            old, new = a.read_bytes(), b.read_bytes()
+            if old != new:
+                matcher = difflib.SequenceMatcher(None, old.decode(errors="replace").splitlines(),
+                                                  new.decode(errors="replace").splitlines(), autojunk=False)
+                count += sum(tag != "equal" for tag, *_ in matcher.get_opcodes())
+        if count >= limit:
+            return limit
+    return count
+
+
+def base_package_dir(where: str) -> Path:
+    """The base's `vllm/` directory: DIR/vllm, or where the base process would import the
+    installed vLLM from (found without importing it)."""
+    if where != INSTALLED:
+        return Path(where) / "vllm"
+    out = subprocess.run([sys.executable, "-c", "import importlib.util as u; print(u.find_spec('vllm').origin)"],
+                         env=base_env(where), capture_output=True, text=True, timeout=120)
+    return Path(out.stdout.strip()).parent
+
+
+def changes_against(where: str) -> int:
+    """The changes between this process's vLLM (tree and planted bug) and the base `where`."""
+    import importlib.util
+
+    from mambafuzz.search import mutants
+    from mambafuzz.search.startup import MUTANT_ENV
+
+    name = os.environ.get(MUTANT_ENV)
+    planted = patch_changes(mutants.patches(name)) if name else 0
+    here = Path(importlib.util.find_spec("vllm").origin).parent  # the tree this process imports
+    return planted + tree_changes(here, base_package_dir(where))
+
+
+def one_group(groups: list[dict]) -> list[dict]:
+    """`groups` as one group, in discovery order (the first group's root stays the root): for a PR
+    one change away from its base. Members keep why a symptom rule linked them; the other roots
+    join as "one change"."""
+    if len(groups) <= 1:
+        return groups
+    members = [dict(m) for m in groups[0]["members"]]
+    for g in groups[1:]:
+        members += [{**m, "why": "one change" if m["why"] == "root" else m["why"]} for m in g["members"]]
+    return [{"root": groups[0]["root"], "members": members, "cause": "the PR's one change against its base"}]

@@ -1,0 +1,59 @@
+"""The PR job's one-change grouping: counting the changes between the PR's vLLM and its base,
+and joining every new finding when there is one."""
+
+from pathlib import Path
+
+from mambafuzz.search import pr_change
+from mambafuzz.search.startup import MUTANT_ENV
+from mambafuzz.sim.patching import Rewrite, Wrap
+
+SOURCE = "def f(x):\n    a = x + 1\n    b = a * 2\n    c = b - 3\n    d = c // 4\n    return d\n"
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_a_planted_patch_counts_each_edit_and_a_wrapper_once():
+    assert pr_change.patch_changes([Rewrite("m:f", (("a", "b"),))]) == 1
+    assert pr_change.patch_changes([Rewrite("m:f", (("a", "b"), ("c", "d")))]) == 2
+    assert pr_change.patch_changes([Wrap("m:f", lambda orig: orig)]) == 1
+    assert pr_change.patch_changes([]) == 0
+
+
+def test_trees_count_their_hunks(tmp_path):
+    base = tree(tmp_path / "base", {"core/a.py": SOURCE, "core/b.py": SOURCE})
+    assert pr_change.tree_changes(tree(tmp_path / "same", {"core/a.py": SOURCE, "core/b.py": SOURCE}), base) == 0
+    assert pr_change.tree_changes(base, base) == 0
+    one = SOURCE.replace("a * 2", "a * 3")
+    assert pr_change.tree_changes(tree(tmp_path / "one", {"core/a.py": one, "core/b.py": SOURCE}), base) == 1
+    two = one.replace("c // 4", "c // 5")  # a second edit, lines apart: a second hunk
+    assert pr_change.tree_changes(tree(tmp_path / "two", {"core/a.py": two, "core/b.py": SOURCE}), base) == 2
+    added = tree(tmp_path / "added", {"core/a.py": SOURCE, "core/b.py": SOURCE, "core/new.py": "x = 1\n"})
+    assert pr_change.tree_changes(added, base) == 1
+    assert pr_change.tree_changes(added, tmp_path / "two", limit=2) == 2  # stops counting at the limit
+
+
+def test_a_generated_mutant_on_the_installed_vllm_is_one_change(monkeypatch):
+    """The PR job on a planted mutant with the installed vLLM as base: the trees are the same
+    directory, the mutant one change."""
+    monkeypatch.setenv(MUTANT_ENV, "mm:MambaManager.pop_blocks_for_free:19")
+    assert pr_change.changes_against("installed") == 1
+    monkeypatch.delenv(MUTANT_ENV)
+    assert pr_change.changes_against("installed") == 0
+
+
+def test_one_change_joins_every_group_in_discovery_order():
+    def member(name, why="root"):
+        return {"path": name, "signature": "s", "fine_signature": "f", "why": why}
+
+    groups = [{"root": "a", "members": [member("a"), member("b", "mechanism")]},
+              {"root": "c", "members": [member("c")]}, {"root": "d", "members": [member("d")]}]
+    (joined,) = pr_change.one_group(groups)
+    assert joined["root"] == "a" and joined["cause"]
+    assert [(m["path"], m["why"]) for m in joined["members"]] == [
+        ("a", "root"), ("b", "mechanism"), ("c", "one change"), ("d", "one change")]
+    assert pr_change.one_group(groups[:1]) == groups[:1]
