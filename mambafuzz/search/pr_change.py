@@ -54,18 +54,23 @@ def tree_changes(pr: Path, base: Path, limit: int = MANY) -> int:
     return count
 
 
-def base_package_dir(where: str) -> Path:
+def base_package_dir(where: str) -> Path | None:
     """The base's `vllm/` directory: DIR/vllm, or where the base process would import the
-    installed vLLM from (found without importing it)."""
+    installed vLLM from (found without importing it); None when that cannot be told."""
     if where != INSTALLED:
         return Path(where) / "vllm"
-    out = subprocess.run([sys.executable, "-c", "import importlib.util as u; print(u.find_spec('vllm').origin)"],
-                         env=base_env(where), capture_output=True, text=True, timeout=120)
-    return Path(out.stdout.strip()).parent
+    try:
+        out = subprocess.run([sys.executable, "-c", "import importlib.util as u; print(u.find_spec('vllm').origin)"],
+                             env=base_env(where), capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    origin = out.stdout.strip()
+    return Path(origin).parent if out.returncode == 0 and origin else None
 
 
 def changes_against(where: str) -> int:
-    """The changes between this process's vLLM (tree and planted bug) and the base `where`."""
+    """The changes between this process's vLLM (tree and planted bug) and the base `where`;
+    MANY when the base's tree cannot be found (then nothing is concluded)."""
     import importlib.util
 
     from mambafuzz.search import mutants
@@ -74,7 +79,8 @@ def changes_against(where: str) -> int:
     name = os.environ.get(MUTANT_ENV)
     planted = patch_changes(mutants.patches(name)) if name else 0
     here = Path(importlib.util.find_spec("vllm").origin).parent  # the tree this process imports
-    return planted + tree_changes(here, base_package_dir(where))
+    base = base_package_dir(where)
+    return MANY if base is None else planted + tree_changes(here, base)
 
 
 def one_group(groups: list[dict]) -> list[dict]:

@@ -57,3 +57,9 @@ def test_one_change_joins_every_group_in_discovery_order():
     assert [(m["path"], m["why"]) for m in joined["members"]] == [
         ("a", "root"), ("b", "mechanism"), ("c", "one change"), ("d", "one change")]
     assert pr_change.one_group(groups[:1]) == groups[:1]
+
+
+def test_a_base_whose_tree_cannot_be_found_concludes_nothing(monkeypatch):
+    monkeypatch.setattr(pr_change, "base_package_dir", lambda where: None)
+    monkeypatch.setenv(MUTANT_ENV, "mm:MambaManager.pop_blocks_for_free:19")
+    assert pr_change.changes_against("installed") == pr_change.MANY
