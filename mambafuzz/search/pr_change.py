@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mambafuzz.search.base_oracle import INSTALLED, base_env
 
-MANY = 1_000  # a count past which the trees are not compared further (one change is what matters)
+MANY = 1_000  # "more than one change": what changes_against says when it cannot count
 
 
 def patch_changes(patches: list) -> int:
@@ -32,26 +32,24 @@ def patch_changes(patches: list) -> int:
     return sum(len(getattr(p, "edits", ()) or ()) or 1 for p in patches)
 
 
-def tree_changes(pr: Path, base: Path, limit: int = MANY) -> int:
-    """Hunks between two vLLM package trees (their .py files): a file on one side only counts one;
-    stops counting at `limit`."""
+def tree_changes(pr: Path, base: Path) -> int:
+    """Changes between two vLLM package trees (their .py files): the hunks of the one file that
+    differs, when only one does; otherwise the number of files that differ (a file on one side
+    only counts one), a lower bound that is enough to tell one change from several without
+    diffing a whole release."""
     if pr.resolve() == base.resolve():
         return 0
-    count = 0
     names = {p.relative_to(pr) for p in pr.rglob("*.py")} | {p.relative_to(base) for p in base.rglob("*.py")}
-    for name in sorted(names):
-        a, b = base / name, pr / name
-        if not a.is_file() or not b.is_file():
-            count += 1
-        else:
-            old, new = a.read_bytes(), b.read_bytes()
-            if old != new:
-                matcher = difflib.SequenceMatcher(None, old.decode(errors="replace").splitlines(),
-                                                  new.decode(errors="replace").splitlines(), autojunk=False)
-                count += sum(tag != "equal" for tag, *_ in matcher.get_opcodes())
-        if count >= limit:
-            return limit
-    return count
+    differ = [n for n in sorted(names)
+              if not (base / n).is_file() or not (pr / n).is_file() or (base / n).read_bytes() != (pr / n).read_bytes()]
+    if len(differ) != 1:
+        return len(differ)
+    a, b = base / differ[0], pr / differ[0]
+    if not a.is_file() or not b.is_file():
+        return 1
+    matcher = difflib.SequenceMatcher(None, a.read_text(errors="replace").splitlines(),
+                                      b.read_text(errors="replace").splitlines(), autojunk=False)
+    return sum(tag != "equal" for tag, *_ in matcher.get_opcodes())
 
 
 def base_package_dir(where: str) -> Path | None:
