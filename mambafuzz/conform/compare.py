@@ -159,7 +159,7 @@ def compare_steps(e: EngineConfig, g: KernelGeometry, steps: Iterable[conform_dr
         for (runner, mixer), km in models.items():
             km.forget_requests(set(si.finished) | set(si.preempted) | set(si.resumed))
             km.begin_step(scheduled)
-            km.begin_forward()
+            km.begin_forward(len(si.rows))
             for r in si.rows:
                 mirror = _mirror_effect(km, e, r)
                 p = plans.get((runner, mixer, r.req_id))

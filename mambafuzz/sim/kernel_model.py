@@ -109,15 +109,15 @@ class KernelModel:
         self.dirty.add(block_id)
         return True
 
-    def begin_forward(self, rows: int = 2) -> None:
+    def begin_forward(self, rows: int) -> None:
         """A new batch's forward begins: every row of it reads the state its block held at this
         point, whatever another row of the same batch writes. The mixers' batched kernels gather
         every sequence's initial state before they scatter any final one (GDN: `initial_state =
         ssm_state[state_indices]`, then `ssm_state[state_indices] = last_state`, qwen3_next.py
         `_forward_core`; the conv kernels run one program per sequence on the same cache), so a
         row cannot see another row's write of the same forward. Only the mixer's own writes
-        count as row writes; the copies before the forward (`_precopy`) every row sees. A forward
-        of one row has no other row: nothing is tracked (`rows` 1)."""
+        count as row writes; the copies before the forward (`_precopy`) every row sees. `rows`: the
+        forward's row count; a forward of one row has no other row, so nothing is tracked."""
         self._row_writes = {} if rows > 1 else None
 
     def _row_read(self, rid: str, block_id: int) -> State:

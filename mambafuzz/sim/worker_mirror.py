@@ -100,11 +100,9 @@ class WorkerMirror:
         if not out.kv_cache_block_copies:
             return ()
         copies = block_copies(out)
-        for model in self.rest:
+        for model in self.models:
             model.copy_blocks(copies)
-        first = self.first
-        first.copy_blocks(copies)
-        return [(dst, first.state_of(dst)) for _, dst in copies]
+        return [(dst, self.first.state_of(dst)) for _, dst in copies]
 
     def load(self, tables: Sequence[list[int]], num_tokens: int, state: State,
              rest_states: Sequence[State] | None = None) -> int:
