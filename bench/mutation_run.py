@@ -174,9 +174,11 @@ def last_row_per_mutant(paths: list[str], generator: str, functions: set[str]) -
     whose survivors were not trustworthy, docs/MUTATION.md)."""
     rows: dict[str, dict] = {}
     for path in paths:
-        for line in Path(path).read_text().splitlines():
+        for n, line in enumerate(Path(path).read_text().splitlines(), 1):
             if line.strip():
                 r = json.loads(line)
+                if not isinstance(r, dict) or not {"id", "generator", "function"} <= r.keys():
+                    raise ValueError(f"{path}:{n}: not a mutation_run row (id, generator, function)")
                 if r["generator"] == generator and r["function"] in functions:
                     rows.pop(r["id"], None)
                     rows[r["id"]] = r
@@ -289,6 +291,10 @@ def main() -> int:
             combined = last_row_per_mutant(args.table_from, args.generator, set(generated))
         except (OSError, ValueError) as exc:
             print(f"mutation_run: --table-from: {exc}", file=sys.stderr)
+            return 2
+        if not combined:
+            print(f"mutation_run: --table-from: no {args.generator} rows of these targets in {' '.join(args.table_from)}",
+                  file=sys.stderr)
             return 2
         budgets = Counter(f"{r['max_time']:g} s" for r in combined)
         print(f"{args.generator}, last row per mutant (budgets: {', '.join(f'{b} x{n}' for b, n in budgets.items())}), "

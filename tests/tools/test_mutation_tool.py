@@ -337,3 +337,7 @@ def test_a_rerun_of_survivors_supersedes_their_first_rows_in_the_combined_table(
     rerun.write_text(json.dumps({**row, "id": "m:0", "status": "killed", "max_time": 10}) + "\n")
     got = run.last_row_per_mutant([str(first), str(rerun)], "random", {"F.f"})
     assert [(r["id"], r["status"], r["max_time"]) for r in got] == [("m:1", "killed", 15), ("m:0", "killed", 10)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "m:0"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1: not a mutation_run row"):
+        run.last_row_per_mutant([str(bad)], "random", {"F.f"})
