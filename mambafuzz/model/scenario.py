@@ -544,9 +544,9 @@ def validate(s: Scenario) -> list[str]:
     if e.num_gpu_blocks is not None and not p:
         need = min_pool_blocks(s)
         if e.num_gpu_blocks < need:
-            p.append(f"engine.num_gpu_blocks {e.num_gpu_blocks} cannot hold the longest request (needs {need}): below "
-                     "mambafuzz's pool floor (one longest request in the cached and the uncached run, plus slack; "
-                     "vLLM's own start-up minimum can be lower)")
+            p.append(f"engine.num_gpu_blocks {e.num_gpu_blocks} is below {need}, vLLM's start-up minimum for the "
+                     "longest request (counted per KV-cache group; for a model with padded groups vLLM's own is at "
+                     "most a few blocks lower)")
     return p
 
 
@@ -583,9 +583,23 @@ def blocks_for_request(e: EngineConfig, num_tokens: int) -> int:
     return attn + mamba + 4 + (attn + mamba) // 50
 
 
+def startup_pool_blocks(e: EngineConfig, max_model_len: int) -> int:
+    """The smallest pool vLLM starts with for `e` (its start-up check, `check_enough_kv_cache_memory`):
+    one request of `max_model_len` tokens at its largest, per KV-cache group (the attention blocks of
+    every token; each mamba group's resident blocks: 2 + speculative + checkpoint in align mode, 1 +
+    speculative with prefix caching off), plus the null block the pool holds back. vLLM sums these per
+    layer and divides by the layers a block spans, so a group padded to the block's span needs a
+    little less: this is never below vLLM's own figure, and equal to it when no group is padded
+    (mambafuzz.sim.vllm_bridge.startup_min_blocks computes vLLM's; tests/sim/test_pool_floor.py
+    compares the two)."""
+    spec = e.num_speculative_tokens if e.uses_spec_decode else 0
+    per_group = 2 + spec + e.num_prefill_checkpoint_blocks if e.enable_prefix_caching else 1 + spec
+    return -(-max_model_len // e.attn_block_size) + get_architecture(e.model).mamba_groups * per_group + 1
+
+
 def min_pool_blocks(s: Scenario) -> int:
-    longest = max((s.prompt_len(i) + r.max_tokens for i, r in enumerate(s.requests)), default=1)
-    return blocks_for_request(s.engine, longest + s.engine.num_speculative_tokens + 1)
+    """The smallest pool a scenario may name: vLLM's start-up minimum for its longest request."""
+    return startup_pool_blocks(s.engine, s.max_model_len())
 
 
 def with_runner(s: Scenario, runner: str | None) -> Scenario:

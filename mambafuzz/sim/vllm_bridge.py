@@ -9,6 +9,7 @@ Everything else in the project talks to `SchedulerSession`, never to vLLM object
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import operator
@@ -60,6 +61,7 @@ from mambafuzz.sim.vllm_compat.api import (  # noqa: E402
     init_none_hash,
     is_mamba_prefill_checkpoint_valid,
     make_block_hash_with_group_id,
+    max_memory_usage_bytes,
     platforms_module,
     resolve_kv_cache_block_sizes,
     sha256,
@@ -578,6 +580,30 @@ class SchedulerSession:
     @staticmethod
     def preempted(out: SchedulerOutput) -> set[str]:
         return set(out.preempted_req_ids or ())
+
+
+def startup_min_blocks(e: EngineConfig, max_model_len: int) -> int:
+    """The smallest pool vLLM starts an engine with for this config: its start-up check
+    (`check_enough_kv_cache_memory`, v1/core/kv_cache_utils.py in 0.32) wants the memory of one
+    request of `max_model_len` tokens at its largest, `max_memory_usage_bytes` summed over every
+    layer's spec (attention: a block per `block_size` tokens; mamba in align mode: 2 + speculative
+    + checkpoint blocks), beside the null block the pool holds back; a block spans one page of
+    every layer of the largest KV-cache group. Computed with vLLM's own sum on this config's specs.
+    (The bytes per block are taken unpadded, the block-outermost layout: a padded layout only
+    lowers the minimum.)"""
+    try:
+        kv_cache_config = kv_cache_config_for(e, 1, max_model_len)
+    except features.FeatureAbsent as exc:
+        raise ConfigRejected(f"cannot run: {exc}") from None
+    groups = kv_cache_config.kv_cache_groups
+    # The bridge's configs share one ModelConfig (max_model_len 16384): the check reads the engine's own.
+    sized = copy.copy(_checked_config(e, max_model_len, False))
+    sized.model_config = copy.copy(sized.model_config)
+    sized.model_config.max_model_len = max_model_len
+    specs = [g.kv_cache_spec for g in groups for _ in g.layer_names]
+    need = max_memory_usage_bytes(sized, specs)
+    per_block = max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
+    return -(-need // per_block) + 1
 
 
 # vLLM >= 0.32 hands a producer-side connector the exact blocks holding mamba "align" boundary states

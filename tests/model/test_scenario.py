@@ -65,7 +65,7 @@ def test_validation_reports_every_problem_at_once():
 
 @pytest.mark.parametrize("mutate, needle", [
     (lambda s: setattr(s.engine, "prefix_match_unit", 7), "prefix_match_unit 7 must divide"),
-    (lambda s: setattr(s.engine, "num_gpu_blocks", 3), "cannot hold the longest request"),
+    (lambda s: setattr(s.engine, "num_gpu_blocks", 3), "start-up minimum for the longest request"),
     (lambda s: setattr(s.requests[0], "external_tokens", 5000), "external_tokens 5000 must be below"),
     (lambda s: setattr(s.requests[0], "abort_step", -1), "abort_step must be"),
     (lambda s: setattr(s.requests[0], "prefix_ids", [3]), "prefix_ids must list indexes"),

@@ -1,0 +1,88 @@
+"""The pool floor a scenario may name (mambafuzz.model.scenario.min_pool_blocks) against vLLM's own
+start-up minimum (mambafuzz.sim.vllm_bridge.startup_min_blocks, vLLM's `max_memory_usage_bytes`):
+never below it, so no drawn pool is one vLLM refuses, and equal to it where no KV-cache group is
+padded, so the generators reach the tightest pool vLLM starts with."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from mambafuzz.model.architectures import DEFAULT_MODEL, MODELS
+from mambafuzz.model.generate import random_scenario
+from mambafuzz.model.scenario import (
+    EngineConfig,
+    RequestSpec,
+    Scenario,
+    blocks_for_request,
+    min_pool_blocks,
+    startup_pool_blocks,
+    validate,
+)
+from mambafuzz.sim import harness
+from mambafuzz.sim import vllm_bridge as vb
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("caching", [True, False])
+@pytest.mark.parametrize("spec,ckpt", [(0, 0), (2, 0), (0, 1)])
+def test_floor_is_vllms_startup_minimum(model, caching, spec, ckpt):
+    e = EngineConfig(model=model, enable_prefix_caching=caching, spec_method="mtp" if spec else "none",
+                     num_speculative_tokens=spec, num_prefill_checkpoint_blocks=ckpt if caching else 0,
+                     mamba_block_size=1600, attn_block_size=1600, max_num_batched_tokens=2048)
+    for max_model_len in (1, 1600, 1601, 5000):
+        ours, vllms = startup_pool_blocks(e, max_model_len), vb.startup_min_blocks(e, max_model_len)
+        if model == DEFAULT_MODEL:  # one layer per group: nothing padded
+            assert ours == vllms, (max_model_len, ours, vllms)
+        else:
+            assert vllms <= ours <= vllms + 2, (max_model_len, ours, vllms)
+
+
+def test_generated_scenarios_floor_matches_vllm():
+    rng = random.Random(3)
+    checked = 0
+    while checked < 60:
+        s = random_scenario(rng)
+        if validate(s) or s.engine.model != DEFAULT_MODEL:
+            continue
+        assert min_pool_blocks(s) == vb.startup_min_blocks(s.engine, s.max_model_len())
+        checked += 1
+
+
+def test_a_single_request_runs_at_the_floor():
+    """At vLLM's minimum, one request alone (no prefix sharing, block-grained matching, synchronous
+    scheduling) finishes in both runs: the floor is a pool vLLM can serve, not one that stalls by itself."""
+    e = EngineConfig(mamba_block_size=64, attn_block_size=64, max_num_batched_tokens=128, async_scheduling=False)
+    s = Scenario(e, prefixes=[], requests=[RequestSpec(0, [], 300, 8)], token_seed=1)
+    s = dataclasses.replace(s, engine=dataclasses.replace(e, num_gpu_blocks=min_pool_blocks(s)))
+    assert not validate(s)
+    for caching in (True, False):
+        trace = harness.run(s, prefix_caching=caching)
+        assert not trace.unfinished and trace.crash is None
+
+
+def test_below_the_floor_is_refused_in_one_line():
+    s = random_scenario(random.Random(0))
+    s = dataclasses.replace(s, engine=dataclasses.replace(s.engine, num_gpu_blocks=min_pool_blocks(s) - 1))
+    problems = validate(s)
+    assert len(problems) == 1 and "start-up minimum" in problems[0] and "\n" not in problems[0]
+
+
+def test_generators_draw_pools_below_the_old_floor():
+    """The band between vLLM's start-up minimum and the floor mambafuzz used before (one block per
+    mamba block of the longest request, plus slack) is drawn: the pools where a lone request's
+    peak use can exceed what vLLM's start-up check reserves."""
+    rng = random.Random(5)
+    tight = drawn = 0
+    for _ in range(400):
+        s = random_scenario(rng)
+        if validate(s) or s.engine.num_gpu_blocks is None:
+            continue
+        drawn += 1
+        assert s.engine.num_gpu_blocks >= min_pool_blocks(s)
+        longest = s.max_model_len()
+        if s.engine.num_gpu_blocks < blocks_for_request(s.engine, longest):
+            tight += 1
+    assert drawn and tight, (drawn, tight)
