@@ -101,7 +101,7 @@ class EngineConfig:
     max_num_batched_tokens: int = knob(512, kind="int", lo=1, hi=1 << 16, simplest=1, length=True)
     long_prefill_token_threshold: int = knob(0, kind="int", lo=0, hi=1 << 16, simplest=0, length=True)
     max_num_seqs: int = knob(8, kind="int", lo=1, hi=256, simplest=1)
-    # None: sized so nothing is ever preempted
+    # None: sized so nothing is ever preempted; else at least vLLM's start-up minimum (min_pool_blocks)
     num_gpu_blocks: int | None = knob(None, kind="int", lo=1, hi=MAX_POOL_BLOCKS, optional=True, build_key=False)
     spec_method: str = knob("none", kind="choice", choices=SPEC_METHODS, simplest="none",
                             companions=(("num_speculative_tokens", 0),))
