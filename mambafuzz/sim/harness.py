@@ -681,7 +681,7 @@ class _Runner:
         rec.chunks.append(_tuple_new(Chunk, (rid, start, n, num_drafts, read_column, read_block, read_state, true_state,
                                              first, first and start > 0)))
         if len(tables) > 1:
-            for group, other in enumerate(self.mirror.rest_rows, 1):
+            for group, other in enumerate(self.mirror.rest_reads, 1):
                 if other.read_state != true_state:
                     self.trace.mamba_group_reads.append((rec.step, group, Chunk(
                         rid, start, n, num_drafts, other.read_column, other.read_block, other.read_state, true_state,
