@@ -236,7 +236,7 @@ class KernelModel:
 
     def run_rows(self, rid: str, tables: Sequence[list[int]], num_computed: int, tokens: list[int], num_drafts: int,
                  spec_row: bool = False, truth: PrefixStates | None = None, followers: Sequence[KernelModel] = (),
-                 sample: bool = True) -> list:
+                 sample: bool = True) -> list[RowResult | RowRead]:
         """`run_row` on this model (`tables[0]`) and on each of `followers` (models that `follow`
         this one: other mamba groups with its geometry, runner and mixer; `tables[1:]`), which
         run the same row on their own blocks without sampling. The columns and counts are worked
@@ -296,7 +296,7 @@ class KernelModel:
             column = cdiv(seq_len, g.block_size) - 2  # the checkpoint's column
             if self._row_write(rid, table[column], at_checkpoint):
                 writes.append((column, table[column], at_checkpoint, "checkpoint"))
-        rows: list = [_tuple_new(RowResult, (curr, block, start, outputs, writes))]
+        rows: list[RowResult | RowRead] = [_tuple_new(RowResult, (curr, block, start, outputs, writes))]
         if not followers:
             return rows
         lead = start
@@ -330,10 +330,11 @@ class KernelModel:
         return rows
 
     def _spec_rows(self, rid: str, tables: Sequence[list[int]], num_computed: int, tokens: list[int], curr: int,
-                   accepted: int, copy_from: int | None, followers: Sequence[KernelModel], sample: bool) -> list:
+                   accepted: int, copy_from: int | None, followers: Sequence[KernelModel],
+                   sample: bool) -> list[RowResult | RowRead]:
         """`run_rows`'s speculative (multi-token) kernel, on this model and then each follower."""
         read_col = curr + accepted - 1
-        rows: list = []
+        rows: list[RowResult | RowRead] = []
         lead: tuple = ()  # (start, the states the kernel computed from it) of this model's row
         for model, table in zip((self, *followers), tables) if followers else ((self, tables[0]),):
             writes: list[tuple[int, int, State, str]] | None = None if rows else []
