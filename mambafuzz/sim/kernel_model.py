@@ -279,7 +279,12 @@ class KernelModel:
                 start = self.state_of(block)
         else:
             start = EMPTY
-        final, at_checkpoint, outputs = self._prefill(truth, tokens, start, num_computed, num_drafts, checkpoint, sample)
+        if checkpoint is None and not num_drafts and truth is not None:  # `_prefill`'s common case, inline
+            final, at_checkpoint = truth.span(start, num_computed, seq_len), None
+            outputs = [next_token(final, g.vocab_size)] if sample else []
+        else:
+            final, at_checkpoint, outputs = self._prefill(truth, tokens, start, num_computed, num_drafts,
+                                                          checkpoint, sample)
         if block > null:  # `_row_write` inline; drafts included: the kernel cannot roll them back
             row_writes = self._row_writes
             if row_writes is not None and block not in row_writes:
