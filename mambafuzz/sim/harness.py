@@ -667,7 +667,12 @@ class _Runner:
         known = live.known
         end = start + n - num_drafts  # the row's real tokens end here; its drafts follow
         tables = self._tables(rid)
-        check_row(rid, start, n, num_drafts, known, tables[0], self._state_block_size)
+        bs = self._state_block_size
+        # check_row's four rules as one inline test (the state column + 1 against the table's length), so a
+        # clean row costs a few comparisons; a row that fails it goes to check_row, which raises the rule's finding
+        if (type(start) is not int or type(n) is not int or not 0 <= start <= end <= known
+                or (num_drafts and start == end) or (-(-(start + n) // bs) if bs else 1) > len(tables[0])):
+            check_row(rid, start, n, num_drafts, known, tables[0], bs)
         num_prompt = req.num_prompt_tokens
         spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, truth, num_prompt,
                                             live.prefill_len or num_prompt)
@@ -681,7 +686,7 @@ class _Runner:
         rec.chunks.append(_tuple_new(Chunk, (rid, start, n, num_drafts, read_column, read_block, read_state, true_state,
                                              first, first and start > 0)))
         if len(tables) > 1:
-            for group, other in enumerate(self.mirror.rest_rows, 1):
+            for group, other in enumerate(self.mirror.rest_reads, 1):
                 if other.read_state != true_state:
                     self.trace.mamba_group_reads.append((rec.step, group, Chunk(
                         rid, start, n, num_drafts, other.read_column, other.read_block, other.read_state, true_state,

@@ -75,6 +75,14 @@ class RowResult(NamedTuple):
     writes: list[tuple[int, int, State, str]]  # (column, block, state, cause)
 
 
+class RowRead(NamedTuple):
+    """What one request's row read in one forward: a lockstep follower's row (`run_rows`)."""
+
+    read_column: int
+    read_block: int
+    read_state: State
+
+
 class KernelModel:
     def __init__(self, geometry: KernelGeometry, runner: str = "v1", mixer: str = "gdn",
                  first_use: tuple[set[int], set[int]] | None = None):
@@ -122,10 +130,12 @@ class KernelModel:
 
     def _row_read(self, rid: str, block_id: int) -> State:
         """What `rid`'s row reads from `block_id` in this forward (see `begin_forward`)."""
-        written = self._row_writes.get(block_id) if self._row_writes else None
+        row_writes = self._row_writes
+        written = row_writes.get(block_id) if row_writes else None
         if written is not None and written[0] != rid:
             return written[1]
-        return self.state_of(block_id)
+        state = self.held.get(block_id)  # `state_of`'s common case, inline
+        return self.state_of(block_id) if state is None else state
 
     def _row_write(self, rid: str, block_id: int, state: State) -> bool:
         """`_write` by `rid`'s row, remembering what the block held before this forward's first row write."""
@@ -226,12 +236,14 @@ class KernelModel:
 
     def run_rows(self, rid: str, tables: Sequence[list[int]], num_computed: int, tokens: list[int], num_drafts: int,
                  spec_row: bool = False, truth: PrefixStates | None = None, followers: Sequence[KernelModel] = (),
-                 sample: bool = True) -> list[RowResult]:
+                 sample: bool = True) -> list[RowResult | RowRead]:
         """`run_row` on this model (`tables[0]`) and on each of `followers` (models that `follow`
         this one: other mamba groups with its geometry, runner and mixer; `tables[1:]`), which
         run the same row on their own blocks without sampling. The columns and counts are worked
         out once; a follower that reads the state this model read computes the same states from
-        it, so they are computed once too. Returns the RowResults in that order."""
+        it, so they are computed once too. Returns this model's RowResult, then each follower's
+        RowRead: a follower's writes are not reported (nothing reads them: its `held` states are
+        what its later rows read)."""
         num_tokens = len(tokens)
         g = self.g
         seq_len = num_computed + num_tokens
@@ -239,7 +251,7 @@ class KernelModel:
         copy_from = None  # the pre-forward copy's source column
         if g.align:
             bs = g.block_size
-            curr = cdiv(seq_len, bs) - 1
+            curr = -(-seq_len // bs) - 1  # cdiv, inline
             prev = self._prev_column.get(rid, (num_computed - 1) // bs)
             if prev != -1 and prev != curr:
                 copy_from = prev + accepted - 1
@@ -248,54 +260,84 @@ class KernelModel:
         else:  # mamba_cache_mode "none": the request's own blocks, from column 0, no copies
             curr = 0
         self._num_accepted[rid] = accepted
-        groups = zip((self, *followers), tables) if followers else ((self, tables[0]),)
-        rows: list[RowResult] = []
-        lead: tuple = ()  # (start, what the kernel computed from it) of this model's row
+        if spec_row:
+            return self._spec_rows(rid, tables, num_computed, tokens, curr, accepted, copy_from, followers, sample)
 
-        if not spec_row:
-            checkpoint = self._checkpoint_position(num_computed, seq_len)
-            cause = "chunk-end+drafts" if num_drafts else "chunk-end"
-            null = g.null_block_id  # every model here has this model's geometry
-            for model, table in groups:
-                writes: list[tuple[int, int, State, str]] = []
-                if copy_from is not None:
-                    model._precopy(rid, table, copy_from, curr, writes)
-                block = table[curr]
-                if num_computed > 0:  # `_row_read`, its common case inline
-                    row_writes = model._row_writes
-                    written = row_writes.get(block) if row_writes else None
-                    if written is not None and written[0] != rid:
-                        start = written[1]
-                    else:
-                        start = model.held.get(block)
-                        if start is None:
-                            start = model.state_of(block)
-                else:
-                    start = EMPTY
-                if lead and start == lead[0]:
-                    final, at_checkpoint, outputs = lead[1], lead[2], []
-                else:
-                    final, at_checkpoint, outputs = self._prefill(truth, tokens, start, num_computed, num_drafts,
-                                                                  checkpoint, sample and not rows)
-                    if not lead:
-                        lead = (start, final, at_checkpoint)
-                if block > null:  # `_row_write` inline; drafts included: the kernel cannot roll them back
-                    row_writes = model._row_writes
-                    if row_writes is not None and block not in row_writes:
-                        row_writes[block] = (rid, model.state_of(block))
-                    model.held[block] = final
-                    model.dirty.add(block)
-                    writes.append((curr, block, final, cause))
-                if checkpoint is not None:
-                    column = cdiv(seq_len, g.block_size) - 2
-                    if model._row_write(rid, table[column], at_checkpoint):
-                        writes.append((column, table[column], at_checkpoint, "checkpoint"))
-                rows.append(_tuple_new(RowResult, (curr, block, start, outputs, writes)))
+        # the PREFILL kernel; this model's row first
+        checkpoint = self._checkpoint_position(num_computed, seq_len) if g.checkpoint_alignment is not None else None
+        null = g.null_block_id  # every model here has this model's geometry
+        table = tables[0]
+        writes: list[tuple[int, int, State, str]] = []
+        if copy_from is not None:
+            self._precopy(rid, table, copy_from, curr, writes)
+        block = table[curr]
+        if num_computed > 0:  # `_row_read`, inline
+            row_writes = self._row_writes
+            written = row_writes.get(block) if row_writes else None
+            start = written[1] if written is not None and written[0] != rid else self.held.get(block)
+            if start is None:
+                start = self.state_of(block)
+        else:
+            start = EMPTY
+        if checkpoint is None and not num_drafts and truth is not None:  # `_prefill`'s common case, inline
+            final, at_checkpoint = truth.span(start, num_computed, seq_len), None
+            outputs = [next_token(final, g.vocab_size)] if sample else []
+        else:
+            final, at_checkpoint, outputs = self._prefill(truth, tokens, start, num_computed, num_drafts,
+                                                          checkpoint, sample)
+        if block > null:  # `_row_write` inline; drafts included: the kernel cannot roll them back
+            row_writes = self._row_writes
+            if row_writes is not None and block not in row_writes:
+                row_writes[block] = (rid, self.state_of(block))
+            self.held[block] = final
+            self.dirty.add(block)
+            writes.append((curr, block, final, "chunk-end+drafts" if num_drafts else "chunk-end"))
+        if checkpoint is not None:
+            column = cdiv(seq_len, g.block_size) - 2  # the checkpoint's column
+            if self._row_write(rid, table[column], at_checkpoint):
+                writes.append((column, table[column], at_checkpoint, "checkpoint"))
+        rows: list[RowResult | RowRead] = [_tuple_new(RowResult, (curr, block, start, outputs, writes))]
+        if not followers:
             return rows
-        # the speculative (multi-token) kernel
+        lead = start
+        for i, model in enumerate(followers, 1):  # the same steps, on the follower's own blocks
+            table = tables[i]
+            if copy_from is not None:
+                model._precopy(rid, table, copy_from, curr, None)
+            block = table[curr]
+            if num_computed > 0:  # `_row_read`, inline
+                row_writes = model._row_writes
+                written = row_writes.get(block) if row_writes else None
+                start = written[1] if written is not None and written[0] != rid else model.held.get(block)
+                if start is None:
+                    start = model.state_of(block)
+            else:
+                start = EMPTY
+            if start == lead:
+                own_final, own_checkpoint = final, at_checkpoint
+            else:
+                own_final, own_checkpoint, _ = self._prefill(truth, tokens, start, num_computed, num_drafts,
+                                                             checkpoint, False)
+            if block > null:  # `_row_write` inline, as above
+                row_writes = model._row_writes
+                if row_writes is not None and block not in row_writes:
+                    row_writes[block] = (rid, model.state_of(block))
+                model.held[block] = own_final
+                model.dirty.add(block)
+            if checkpoint is not None:
+                model._row_write(rid, table[column], own_checkpoint)
+            rows.append(_tuple_new(RowRead, (curr, block, start)))
+        return rows
+
+    def _spec_rows(self, rid: str, tables: Sequence[list[int]], num_computed: int, tokens: list[int], curr: int,
+                   accepted: int, copy_from: int | None, followers: Sequence[KernelModel],
+                   sample: bool) -> list[RowResult | RowRead]:
+        """`run_rows`'s speculative (multi-token) kernel, on this model and then each follower."""
         read_col = curr + accepted - 1
-        for model, table in groups:
-            writes = []
+        rows: list[RowResult | RowRead] = []
+        lead: tuple = ()  # (start, the states the kernel computed from it) of this model's row
+        for model, table in zip((self, *followers), tables) if followers else ((self, tables[0]),):
+            writes: list[tuple[int, int, State, str]] | None = None if rows else []
             if copy_from is not None:
                 model._precopy(rid, table, copy_from, curr, writes)
             inside = read_col < len(table)
@@ -310,23 +352,25 @@ class KernelModel:
                 for tok in tokens:
                     state = state.extend([tok])
                     states.append(state)
-                outputs = [next_token(s, g.vocab_size) for s in states] if sample and not rows else []
+                outputs = [next_token(s, self.g.vocab_size) for s in states] if sample and not rows else []
                 if not lead:
                     lead = (start, states)
             for t, state in enumerate(states):
-                if curr + t < len(table) and model._row_write(rid, table[curr + t], state):
+                if curr + t < len(table) and model._row_write(rid, table[curr + t], state) and writes is not None:
                     writes.append((curr + t, table[curr + t], state, "spec-token"))
-            rows.append(_tuple_new(RowResult, (read_col, table[read_col] if inside else -1, start, outputs, writes)))
+            read_block = table[read_col] if inside else -1
+            rows.append(_tuple_new(RowRead, (read_col, read_block, start)) if rows else
+                        _tuple_new(RowResult, (read_col, read_block, start, outputs, writes)))
         return rows
 
     def _precopy(self, rid: str, table: list[int], src_col: int, curr: int,
-                 writes: list[tuple[int, int, State, str]]) -> None:
+                 writes: list[tuple[int, int, State, str]] | None) -> None:
         """The pre-forward copy of column `src_col` into the running column `curr`. The worker
         makes every row's copy in one batched copy before the forward (`preprocess_mamba`,
         v1/worker/mamba_utils.py): its source is read as the forward began, and every row of
         the forward sees what it wrote (a plain write, not a row write)."""
         state = self._row_read(rid, table[src_col]) if 0 <= src_col < len(table) else UNSET
-        if self._write(table[curr], state):
+        if self._write(table[curr], state) and writes is not None:
             writes.append((curr, table[curr], state, "precopy"))
 
     def _prefill(self, truth: PrefixStates | None, tokens: list[int], start: State, num_computed: int,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from mambafuzz.sim.vllm_compat.output import resumed_req_ids
 
 if TYPE_CHECKING:
-    from mambafuzz.sim.kernel_model import KernelModel, RowResult
+    from mambafuzz.sim.kernel_model import KernelModel, RowRead, RowResult
     from mambafuzz.sim.state import PrefixStates, State
 
 
@@ -62,14 +62,15 @@ class WorkerMirror:
     count (spec decode) and `load` for asynchronous loads that finished.  `tables` arguments
     hold the request's block table of each model's group, in model order."""
 
-    __slots__ = ("models", "first", "rest", "spec", "rest_rows", "_same_kernels", "_lockstep", "_own")
+    __slots__ = ("models", "first", "rest", "spec", "rest_reads", "_same_kernels", "_lockstep", "_own")
 
     def __init__(self, models: Sequence[KernelModel], spec_engine: bool):
         self.models = tuple(models)
         self.first = self.models[0]
         self.rest = self.models[1:]
         self.spec = spec_engine
-        self.rest_rows: list[RowResult] = []  # the other models' results of the last run_row, in model order
+        # what the other models' rows of the last run_row read, in model order (RowRead: their fields of a RowResult)
+        self.rest_reads: Sequence[RowRead | RowResult] = ()
         first = self.first
         self._same_kernels = [type(m.runner) is type(first.runner) and type(m.mixer) is type(first.mixer)
                               and m.g.spec_engine == first.g.spec_engine
@@ -134,14 +135,14 @@ class WorkerMirror:
         if self._lockstep:
             rows = first.run_rows(rid, tables, start, tokens, num_drafts, spec_row, truth, self.rest)
             if self.rest:
-                self.rest_rows = rows[1:]
+                self.rest_reads = rows[1:]
             return spec_row, rows[0]
         if self.rest:  # a group with the first group's runner and mixer classifies the row alike
-            self.rest_rows = [model.run_row(rid, table, start, tokens, num_drafts,
-                                            spec_row if self._same_kernels[i] else
-                                            spec and model.is_spec_row(start, n, num_drafts, num_prompt_tokens,
-                                                                       prefill_len), truth, sample=False)
-                              for i, (model, table) in enumerate(zip(self.rest, tables[1:]))]
+            self.rest_reads = [model.run_row(rid, table, start, tokens, num_drafts,
+                                             spec_row if self._same_kernels[i] else
+                                             spec and model.is_spec_row(start, n, num_drafts, num_prompt_tokens,
+                                                                        prefill_len), truth, sample=False)
+                               for i, (model, table) in enumerate(zip(self.rest, tables[1:]))]
         return spec_row, first.run_row(rid, tables[0], start, tokens, num_drafts, spec_row, truth)
 
     def postprocess(self, rid: str, tables: Sequence[list[int]], start: int, n: int, num_drafts: int,

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import pytest
+
 from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.sim import harness, splits
 from tests.conftest import first_chunk_scenario, shared_prefix_scenario
@@ -282,6 +284,62 @@ def test_each_rule_of_vllms_row_contract_is_checked_by_name_before_the_harness_u
     harness.check_row("r0", 16, 4, 0, 40, [7, 8], block)
     harness.check_row("r0", 16, 4, 0, 40, [7], None)  # prefix caching off: the state lives in column 0
     harness.check_row("r0", 9, 3, 2, 10, [7], block)  # one real token, then two drafts
+
+
+def _short_tables(monkeypatch, rid: str) -> None:
+    """The bridge hands the harness `rid`'s mamba block tables without their last block, in every group:
+    a vLLM that frees (or never allocates) the block the row's state goes to."""
+    from mambafuzz.sim import vllm_bridge as vb
+
+    tables, ids = vb.SchedulerSession.mamba_tables, vb.SchedulerSession.mamba_block_ids
+    monkeypatch.setattr(vb.SchedulerSession, "mamba_tables",
+                        lambda self, r: tuple(t[:-1] if r == rid else t for t in tables(self, r)))
+    monkeypatch.setattr(vb.SchedulerSession, "mamba_block_ids", lambda self, r: ids(self, r)[:-1] if r == rid else ids(self, r))
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_a_row_whose_state_block_is_not_in_its_table_is_a_contract_finding_through_a_run(monkeypatch, prefix_caching):
+    """`row-state-in-table` through a run (the harness tests a row inline and calls check_row only
+    when the row breaks a rule): r1, admitted on a prefix hit at step 6, has no block in the column
+    its state goes to; with prefix caching off its table is empty (the state lives in column 0)."""
+    from mambafuzz.sim.trace import Crash
+
+    assert harness.run(shared_prefix_scenario(), prefix_caching=prefix_caching).crash is None
+    _short_tables(monkeypatch, "r1")
+    crash = harness.run(shared_prefix_scenario(), prefix_caching=prefix_caching).crash
+    assert isinstance(crash, Crash) and crash.contract == harness.ROW_STATE_IN_TABLE, crash
+    assert crash.vllm_frame == harness.SCHEDULER_OUTPUT and crash.step >= 6 and "r1 is scheduled up to token" in crash.message
+
+
+@pytest.mark.parametrize("scheduling", ["sync", "async"])
+@pytest.mark.parametrize("broken", ["count", "computed", "bool"])
+def test_a_row_whose_counts_are_not_ints_is_a_contract_finding_through_a_run(monkeypatch, scheduling, broken):
+    """`row-counts-are-integers` through a run: after schedule(), r1's rows have a count divided
+    with `/` (so its start is a float too), or a float num_computed_tokens (a float start, an int
+    count), or a one-token row counted as `True` (an int start, a count that is not an int)."""
+    from mambafuzz.model.scenario import with_scheduling
+    from mambafuzz.sim import vllm_bridge as vb
+
+    schedule = vb.SchedulerSession.schedule
+
+    def broken_schedule(self):
+        out = schedule(self)
+        counts = out.num_scheduled_tokens
+        if "r1" in counts:
+            if broken == "count":
+                counts["r1"] /= 1
+            elif broken == "computed":
+                self.request("r1").num_computed_tokens /= 1
+            elif counts["r1"] == 1:
+                counts["r1"] = True
+        return out
+
+    scenario = with_scheduling(shared_prefix_scenario(), scheduling)
+    assert harness.run(scenario).crash is None
+    monkeypatch.setattr(vb.SchedulerSession, "schedule", broken_schedule)
+    crash = harness.run(scenario).crash
+    assert crash is not None and crash.contract == harness.ROW_COUNTS_ARE_INTEGERS, crash
+    assert crash.vllm_frame == harness.SCHEDULER_OUTPUT and "r1 is scheduled for" in crash.message
 
 
 def test_a_schedule_that_returns_no_output_is_a_contract_finding_not_a_tool_failure(monkeypatch):

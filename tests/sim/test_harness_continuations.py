@@ -124,8 +124,8 @@ def _corrupt_decode_boundary_blocks(monkeypatch):
                 sample=True):
         prev = self._prev_column.get(rid)
         rows = original(self, rid, tables, num_computed, tokens, num_drafts, spec_row, truth, followers, sample)
-        for model, table, result in zip((self, *followers), tables, rows):
-            if len(tokens) - num_drafts == 1 and any(cause == "precopy" for *_, cause in result.writes):
+        if len(tokens) - num_drafts == 1 and any(cause == "precopy" for *_, cause in rows[0].writes):
+            for model, table in zip((self, *followers), tables):  # followers copy in lockstep; their writes go unreported
                 held = model.state_of(table[prev])
                 model._write(table[prev], State(held.num_tokens, held.fingerprint ^ 0x5A5A))
         return rows
