@@ -146,6 +146,7 @@ def _crash_or_tool_error(exc: Exception, step: int) -> Crash:
 
 
 _tuple_new = tuple.__new__
+_new = object.__new__
 
 DEFAULT_TIMEOUT = float(os.environ.get("MAMBAFUZZ_SCENARIO_TIMEOUT", "60"))
 
@@ -261,6 +262,7 @@ class _Runner:
         self._step: tuple = ()  # (record, batch event, admissible requests) of the step running
         self._state_block_size = e.mamba_block_size if prefix_caching else None  # check_row's grid
         self.in_flight_aborts: list[str] = []  # delivered by the aborts queue at the next update
+        self._inserted = session.inserted_blocks  # the mamba blocks keyed since it was last cleared
         if self.async_mode:
             session.cache_keys_version()  # install the key watch before the first schedule()
         self.connector = session.connector if prefix_caching else None  # it sees nothing without prefix caching
@@ -321,15 +323,21 @@ class _Runner:
         `EngineCore.step` (schedule, forward, apply) or, under async scheduling,
         `EngineCore.step_with_batch_queue` (schedule and start the forward while the queue has
         room, else apply the oldest batch's output)."""
-        rec = StepRecord(step)
+        # A record of empty lists without the constructor (trace.py: the list fields read the class's
+        # NO_ITEMS until given their own); `_on_forward` gives it chunk and write lists when rows run.
+        rec = _new(StepRecord)
+        rec.step = step
         self.trace.steps.append(rec)
         self._take_input(rec, step)
         event = None
         if self.async_mode:
-            event = self.trace.batches[step] = BatchEvent(in_flight=len(self.queue.in_flight))
-            self.session.take_inserted()
+            # every field but the queue's size at its class default (BatchEvent's own defaults)
+            event = self.trace.batches[step] = _new(BatchEvent)
+            event.in_flight = len(self.queue.in_flight)
+            if self._inserted:  # `take_inserted`, inline: blocks keyed before this step are no step's
+                self._inserted.clear()
         waiting = sorted(rid for rid in self.unadmitted if self._running(rid)) if self.unadmitted else ()
-        self._step = (rec, event, waiting)  # what the queue's callbacks (bound once) work on
+        self._step = (rec, event, waiting)  # what the queue's callbacks work on
         self.queue.step(self.session, self._on_forward, self._on_apply)
         if self.plan.in_flight_aborts_at:
             self._take_in_flight_aborts(step)  # a step that ran no batch: they wait for the next input
@@ -339,7 +347,13 @@ class _Runner:
     def _on_forward(self, batch: Batch) -> None:
         rec, event, waiting = self._step
         if event is not None:
-            event.scheduled, event.published = batch.index, self.session.take_inserted()
+            inserted = self._inserted  # `take_inserted`, inline: the blocks schedule() keyed
+            event.scheduled = batch.index
+            if inserted:
+                event.published = tuple(inserted)
+                inserted.clear()
+        if batch.out.num_scheduled_tokens:  # each row appends its chunk and writes (_run_row)
+            rec.chunks, rec.writes = [], []
         self._forward(rec, batch, waiting)
         if self.plan.in_flight_aborts_at:
             self._take_in_flight_aborts(rec.step)
@@ -350,11 +364,15 @@ class _Runner:
         rec, event, _ = self._step
         if self.plan.in_flight_aborts_at:
             self._take_in_flight_aborts(rec.step)
-        if event is not None:
-            self.session.take_inserted()
+        inserted = self._inserted
+        if event is not None and inserted:  # `take_inserted`, inline: keyed before the update
+            inserted.clear()
         self._apply(rec, batch)
         if event is not None:
-            event.applied, event.published_on_update = batch.index, self.session.take_inserted()
+            event.applied = batch.index
+            if inserted:  # the blocks update_from_output keyed
+                event.published_on_update = tuple(inserted)
+                inserted.clear()
 
     def _take_in_flight_aborts(self, step: int) -> None:
         """Aborts that arrive while `step`'s batch executes join the aborts queue (once a step)."""
@@ -434,7 +452,7 @@ class _Runner:
 
         mirror = self.mirror
         for dst, state in mirror.before_forward(out):
-            rec.writes.append(SlotWrite("-", -1, dst, state, "cow"))
+            rec.add("writes", SlotWrite("-", -1, dst, state, "cow"))
         preempted = session.preempted(out)
         if preempted:
             rec.preempted = sorted(preempted)
@@ -648,7 +666,7 @@ class _Runner:
         else:
             state = self.live[rid].truth.at(num_tokens)
         block = self.mirror.load(self._tables(rid), num_tokens, state, rest)
-        rec.writes.append(SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
+        rec.add("writes", SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
 
     def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int], batch: Batch,
                  correction: int = 0) -> list[int]:

@@ -108,6 +108,15 @@ class StepRecord:
         items.append(item)
 
 
+# A record built as `object.__new__(StepRecord)` with only `step` set (the harness's per-step record,
+# built without the constructor's frame and nine stores) reads every list field from these class
+# attributes: the shared NO_ITEMS, printed and compared as `[]`, until `add` or an assignment gives
+# the field a list of its own. Only `step` is then in the instance's dict, so a copy or pickle keeps
+# the same record.
+for _name in ("arrivals", "aborts", "admissions", "chunks", "writes", "cache", "preempted", "finished", "recv_done"):
+    setattr(StepRecord, _name, NO_ITEMS)
+
+
 @dataclass
 class BatchEvent:
     """What the engine core's batch queue did in one step (async scheduling only): the batch it

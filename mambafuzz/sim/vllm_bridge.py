@@ -383,7 +383,9 @@ class SchedulerSession:
         self._block_hasher = get_request_block_hasher(hash_block_size, sha256)
         self._watched_keys: object = None  # the key map cache_keys_version watches
         self._key_changes = [0]
-        self._inserted: list[int] = []  # mamba blocks keyed since the last take_inserted()
+        # the mamba blocks keyed in the prefix cache since the list was last cleared (once the watch is on):
+        # `take_inserted` hands them out; a caller on a hot path may read and clear the list itself
+        self.inserted_blocks: list[int] = []
         # [the (key, block) pairs of mamba keys new to the map since the last take_added_mamba_keys(), or
         # None when the map changed some other way since (a pop, a second block on a key) or is not watched]
         self._added: list = [None]
@@ -490,7 +492,7 @@ class SchedulerSession:
         `pop`, the only ways vLLM changes it), and again should vLLM replace the map."""
         keys = self.block_pool.cached_block_hash_to_block
         if keys is not self._watched_keys:
-            changes, suffix, inserted, added = self._key_changes, self._mamba_key_suffix, self._inserted, self._added
+            changes, suffix, inserted, added = self._key_changes, self._mamba_key_suffix, self.inserted_blocks, self._added
             insert, pop = keys.insert, keys.pop
             # Where a key maps to its block itself (vLLM before 0.34: no `_dup_ids`), a key new to the map is
             # yielded last by `cached_mamba_blocks`, as the block it was inserted with: `take_added_mamba_keys`
@@ -535,7 +537,7 @@ class SchedulerSession:
 
     def take_inserted(self) -> tuple[int, ...]:
         """The mamba blocks keyed in the prefix cache since the last call (once the watch is on)."""
-        inserted = self._inserted
+        inserted = self.inserted_blocks
         if not inserted:
             return ()
         out = tuple(inserted)
