@@ -396,11 +396,12 @@ class _Runner:
                 self.book.learn(rid, session.request(rid).block_hashes, truth)
         if self.plan.pending:
             self._take_continuations(rec, step)
-        aborts = self.plan.aborts(step, self._running) if self.plan.aborts_at else []
-        if self.in_flight_aborts:  # arrived during the last step's batch, which applied no output
-            aborts += [rid for rid in self._drain_in_flight_aborts() if rid not in aborts]
-        if aborts:
-            self._abort(rec, aborts)
+        if self.plan.aborts_at or self.in_flight_aborts:  # most runs abort nothing: no list a step
+            aborts = self.plan.aborts(step, self._running) if self.plan.aborts_at else []
+            if self.in_flight_aborts:  # arrived during the last step's batch, which applied no output
+                aborts += [rid for rid in self._drain_in_flight_aborts() if rid not in aborts]
+            if aborts:
+                self._abort(rec, aborts)
 
     def _take_continuations(self, rec: StepRecord, step: int) -> None:
         """Continuations due at `step` whose earlier request ended: each prompt is the earlier
@@ -515,25 +516,27 @@ class _Runner:
             self.trace.in_flight_aborts.update((rec.step, rid) for rid in aborts)
             self._abort(rec, aborts)
         session = self.session
-        before = {}
-        for rid in batch.stale:
-            req = session.request(rid)
-            if req is not None and not req.is_finished():
-                before[rid] = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
+        before = None
+        if batch.stale:  # rows whose request was preempted after the batch was scheduled (rare)
+            before = {}
+            for rid in batch.stale:
+                req = session.request(rid)
+                if req is not None and not req.is_finished():
+                    before[rid] = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
         sent = self._sends_finished(rec) if self.send_pending else None
         session.feed(batch.out, batch.sampled, batch.recv_done, batch.recv_failed, sent)
         if batch.recv_failed:  # vLLM took the failure now: the request's next schedule admits it anew
             self.unadmitted.update(rid for rid in batch.recv_failed if self._running(rid))
         if self.connector is not None and self.connector.saves:
             self._drain_saves(rec)
-        for rid, counts in before.items():
+        for rid, counts in before.items() if before else ():
             req = session.request(rid)
             now = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
             if now != counts and not req.is_finished():
                 raise StaleDeliveryError(
                     STALE_OUTPUT_CHANGES_NOTHING, f"batch {batch.index}'s stale output for {rid} (preempted after it was scheduled) moved "
                     f"num_computed_tokens/num_output_placeholders from {counts} to {now}")
-        self._after_update(rec, batch.scheduled)
+        self._after_update(rec, batch.out.num_scheduled_tokens)  # `batch.scheduled`, inline
 
     # ---- pieces ----------------------------------------------------------------------
     def _running(self, rid: str) -> bool:
@@ -749,6 +752,7 @@ class _Runner:
         learn = self.prefix_caching
         learned = self.book.learned  # a request with no more hashes than learned has nothing new
         aborted_now = rec.aborts
+        propose = self.spec and not self.async_mode
         for rid, live in self.live.items():
             if rid in done:
                 if learn and aborted_now and rid in aborted_now:
@@ -767,10 +771,11 @@ class _Runner:
                 continue
             # EngineCore.post_step hands the drafter's proposals to the scheduler only when
             # synchronous; under async they stay on the worker (_run_row)
-            if (self.spec and not self.async_mode and rid in scheduled and req.num_computed_tokens >= req.num_tokens - 1
+            if (propose and rid in scheduled and req.num_computed_tokens >= req.num_tokens - 1
                     and req.num_output_tokens > 0):
                 drafts[rid] = self._propose(live, step, len(live.truth))
-        self.session.set_drafts(drafts)
+        if drafts:  # set_drafts hands vLLM nothing for none
+            self.session.set_drafts(drafts)
 
     def _propose(self, live: _Live, step: int, length: int) -> list[int]:
         """A drafter that knows the true model: after the request's first `length` tokens, its first
