@@ -542,7 +542,7 @@ class _Runner:
     def _running(self, rid: str) -> bool:
         """Arrived and not finished."""
         live = self.live.get(rid)
-        return live is not None and not live.req.is_finished()
+        return live is not None and live.req.status not in vb.FINISHED_STATUSES  # `not is_finished()`
 
     def _drain_connector(self) -> dict:
         """The connector's orders of this step's schedule, by request."""
@@ -753,6 +753,7 @@ class _Runner:
         learned = self.book.learned  # a request with no more hashes than learned has nothing new
         aborted_now = rec.aborts
         propose = self.spec and not self.async_mode
+        finished = vb.FINISHED_STATUSES  # `req.status in finished` is `req.is_finished()`
         for rid, live in self.live.items():
             if rid in done:
                 if learn and aborted_now and rid in aborted_now:
@@ -764,10 +765,9 @@ class _Runner:
                 extend_truth(truth, req)
             if learn and len(req.block_hashes) > learned.get(rid, 0):
                 self.book.learn(rid, req.block_hashes, truth)
-            if req.is_finished():
-                if rid not in self.trace.finish_status:
-                    self.trace.finish_status[rid] = req.status.name
-                    rec.add("finished", rid)
+            if req.status in finished:
+                done[rid] = req.status.name  # the trace's finish_status: the loop skipped every rid in it
+                rec.add("finished", rid)
                 continue
             # EngineCore.post_step hands the drafter's proposals to the scheduler only when
             # synchronous; under async they stay on the worker (_run_row)

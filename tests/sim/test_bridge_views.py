@@ -33,3 +33,18 @@ def test_mamba_tables_are_each_mamba_groups_block_ids_in_group_order(monkeypatch
     assert 3 in seen and len(set(seen)) > 1
     session = vb.SchedulerSession(random_scenario(rng).engine, 64, 4096, None, False)
     assert real(session, "nobody") == ([],) * len(session.mamba_groups)
+
+
+def test_finished_statuses_are_the_ones_a_request_calls_finished():
+    """`req.status in FINISHED_STATUSES` stands for `req.is_finished()` on the harness's hot paths."""
+    import random
+
+    session = vb.SchedulerSession(random_scenario(random.Random(3)).engine, 64, 4096, None, False)
+    session.add_request("r0", [1, 2, 3, 4], 4, 0.0)
+    req = session.request("r0")
+    answers = set()
+    for status in vb.RequestStatus:
+        req.status = status
+        assert req.is_finished() == (status in vb.FINISHED_STATUSES), status
+        answers.add(req.is_finished())
+    assert answers == {True, False}
