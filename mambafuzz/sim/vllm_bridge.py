@@ -531,15 +531,19 @@ class SchedulerSession:
 
             keys.insert, keys.pop = counted_insert, counted_pop
             self._watched_keys = keys
-            added[0] = None  # a new map: nothing is known of it until a full scan
+            # a new map: nothing is known of it until a full scan, unless it is empty (the harness installs
+            # the watch before the first schedule()): then a scan would yield nothing, and the added pairs next
+            added[0] = [] if type(cache) is dict and not cache else None
             changes[0] += 1
         return self._key_changes[0]
 
     def take_added_mamba_keys(self) -> list[tuple[bytes, KVCacheBlock]] | None:
         """The (key, block) pairs of the mamba keys added to the prefix cache since the last call, in
         order, when nothing else changed the mamba keys since (no pop, no second block on a key): then
-        `cached_mamba_blocks` yields what it yielded at that call followed by these pairs. None when a
-        full scan is needed (always before the watch is on, or on a vLLM whose key map keeps block ids)."""
+        `cached_mamba_blocks` yields what it yielded at that call followed by these pairs. (Before the
+        first call, "that call" is the watch's install on an empty map, which yielded nothing.) None when
+        a full scan is needed (always before the watch is on, after it was installed on a map holding
+        keys, or on a vLLM whose key map keeps block ids)."""
         added = self._added
         pairs = added[0]
         added[0] = [] if self._watched_keys is not None else None

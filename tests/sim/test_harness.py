@@ -149,11 +149,10 @@ def test_the_keys_the_bridge_hands_out_as_added_are_what_a_scan_adds():
 
     s = shared_prefix_scenario()
     session = vb.SchedulerSession(s.engine, 64, s.max_model_len(), None)
-    session.cache_keys_version()  # the watch
+    session.cache_keys_version()  # the watch, on the empty map of a fresh scheduler
     keys, blocks = session.block_pool.cached_block_hash_to_block, session.block_pool.blocks
     other_suffix = bytes(4) if session._mamba_key_suffix != bytes(4) else (1).to_bytes(4, "little")
-    assert session.take_added_mamba_keys() is None  # nothing known before a full scan
-    scan = list(session.cached_mamba_blocks())
+    scan: list = []  # what a scan of the empty map yields: the added pairs extend it from the start
     rng = random.Random(5)
     live: list[tuple[bytes, int]] = []
     fast = slow = 0
@@ -179,6 +178,28 @@ def test_the_keys_the_bridge_hands_out_as_added_are_what_a_scan_adds():
             slow += 1
         scan = now
     assert fast > 50 and slow > 50
+
+
+def test_a_key_watch_installed_on_a_map_holding_keys_knows_nothing_until_a_full_scan():
+    """On an empty map the watch knows the scan (nothing), so the audit's first look extends it;
+    on a map that already holds mamba keys the added pairs alone would miss those: a full scan."""
+    from mambafuzz.sim import vllm_bridge as vb
+
+    s = shared_prefix_scenario()
+    for keyed_before in (False, True):
+        session = vb.SchedulerSession(s.engine, 64, s.max_model_len(), None)
+        keys, blocks = session.block_pool.cached_block_hash_to_block, session.block_pool.blocks
+        first, second = (bytes([i]) * 32 + session._mamba_key_suffix for i in (1, 2))
+        assert session.take_added_mamba_keys() is None  # no watch yet
+        if keyed_before:
+            keys.insert(first, blocks[1])
+        session.cache_keys_version()
+        keys.insert(second, blocks[2])
+        added = session.take_added_mamba_keys()
+        if keyed_before:
+            assert added is None and list(session.cached_mamba_blocks()) == [(first, blocks[1]), (second, blocks[2])]
+        else:
+            assert added == list(session.cached_mamba_blocks()) == [(second, blocks[2])]
 
 
 def test_every_published_mamba_key_is_in_the_hash_book_when_the_audit_judges_it():
