@@ -16,6 +16,7 @@ import os
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from functools import lru_cache
 from pathlib import Path
 
@@ -304,6 +305,7 @@ class CachedMambaEntry(typing.NamedTuple):
 
 
 _BLOCK_ID = operator.attrgetter("block_id")
+_NO_IDS: frozenset[str] = frozenset()
 
 # The statuses vLLM counts as finished (`RequestStatus.is_finished`, asked once per status):
 # `req.status in FINISHED_STATUSES` is `req.is_finished()` without its two Python calls, for hot loops.
@@ -592,8 +594,10 @@ class SchedulerSession:
         return out.scheduled_spec_decode_tokens
 
     @staticmethod
-    def preempted(out: SchedulerOutput) -> set[str]:
-        return set(out.preempted_req_ids or ())
+    def preempted(out: SchedulerOutput) -> AbstractSet[str]:
+        """The requests `out` preempted; read-only (most steps preempt none: one shared empty set)."""
+        ids = out.preempted_req_ids
+        return set(ids) if ids else _NO_IDS
 
 
 # vLLM >= 0.32 hands a producer-side connector the exact blocks holding mamba "align" boundary states

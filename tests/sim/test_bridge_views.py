@@ -48,3 +48,18 @@ def test_finished_statuses_are_the_ones_a_request_calls_finished():
         assert req.is_finished() == (status in vb.FINISHED_STATUSES), status
         answers.add(req.is_finished())
     assert answers == {True, False}
+
+
+def test_preempted_is_the_outputs_preempted_requests_and_the_shared_empty_set_refuses_changes():
+    from types import SimpleNamespace
+
+    import pytest
+
+    for ids in (None, set()):
+        none = vb.SchedulerSession.preempted(SimpleNamespace(preempted_req_ids=ids))
+        assert none == set() and not none
+        with pytest.raises(AttributeError):
+            none.add("r0")  # type: ignore[attr-defined]
+    ids = {"r0", "r2"}
+    got = vb.SchedulerSession.preempted(SimpleNamespace(preempted_req_ids=ids))
+    assert got == ids and got is not ids
