@@ -86,7 +86,8 @@ _no_items = itertools.repeat(NO_ITEMS).__next__
 class StepRecord:
     """One engine step. `chunks` and `writes` are the record's own lists (most steps run a row);
     the other list fields start as the shared, unchangeable NO_ITEMS (equal to, and printed as,
-    an empty list) until `add` or an assignment gives them a list of their own."""
+    an empty list) until `add` or an assignment gives them a list of their own. (The harness's
+    records, built without the constructor, start with every field NO_ITEMS: see below.)"""
 
     step: int
     arrivals: list[str] = field(default_factory=_no_items)
