@@ -146,6 +146,7 @@ def _crash_or_tool_error(exc: Exception, step: int) -> Crash:
 
 
 _tuple_new = tuple.__new__
+_new = object.__new__
 
 DEFAULT_TIMEOUT = float(os.environ.get("MAMBAFUZZ_SCENARIO_TIMEOUT", "60"))
 
@@ -261,6 +262,7 @@ class _Runner:
         self._step: tuple = ()  # (record, batch event, admissible requests) of the step running
         self._state_block_size = e.mamba_block_size if prefix_caching else None  # check_row's grid
         self.in_flight_aborts: list[str] = []  # delivered by the aborts queue at the next update
+        self._inserted = session.inserted_blocks  # the mamba blocks keyed since it was last cleared
         if self.async_mode:
             session.cache_keys_version()  # install the key watch before the first schedule()
         self.connector = session.connector if prefix_caching else None  # it sees nothing without prefix caching
@@ -321,15 +323,21 @@ class _Runner:
         `EngineCore.step` (schedule, forward, apply) or, under async scheduling,
         `EngineCore.step_with_batch_queue` (schedule and start the forward while the queue has
         room, else apply the oldest batch's output)."""
-        rec = StepRecord(step)
+        # A record of empty lists without the constructor (trace.py: the list fields read the class's
+        # NO_ITEMS until given their own); `_on_forward` gives it chunk and write lists when rows run.
+        rec = _new(StepRecord)
+        rec.step = step
         self.trace.steps.append(rec)
         self._take_input(rec, step)
         event = None
         if self.async_mode:
-            event = self.trace.batches[step] = BatchEvent(in_flight=len(self.queue.in_flight))
-            self.session.take_inserted()
+            # every field but the queue's size at its class default (BatchEvent's own defaults)
+            event = self.trace.batches[step] = _new(BatchEvent)
+            event.in_flight = len(self.queue.in_flight)
+            if self._inserted:  # `take_inserted`, inline: blocks keyed before this step are no step's
+                self._inserted.clear()
         waiting = sorted(rid for rid in self.unadmitted if self._running(rid)) if self.unadmitted else ()
-        self._step = (rec, event, waiting)  # what the queue's callbacks (bound once) work on
+        self._step = (rec, event, waiting)  # what the queue's callbacks work on
         self.queue.step(self.session, self._on_forward, self._on_apply)
         if self.plan.in_flight_aborts_at:
             self._take_in_flight_aborts(step)  # a step that ran no batch: they wait for the next input
@@ -339,7 +347,13 @@ class _Runner:
     def _on_forward(self, batch: Batch) -> None:
         rec, event, waiting = self._step
         if event is not None:
-            event.scheduled, event.published = batch.index, self.session.take_inserted()
+            inserted = self._inserted  # `take_inserted`, inline: the blocks schedule() keyed
+            event.scheduled = batch.index
+            if inserted:
+                event.published = tuple(inserted)
+                inserted.clear()
+        if batch.out.num_scheduled_tokens:  # each row appends its chunk and writes (_run_row)
+            rec.chunks, rec.writes = [], []
         self._forward(rec, batch, waiting)
         if self.plan.in_flight_aborts_at:
             self._take_in_flight_aborts(rec.step)
@@ -350,11 +364,15 @@ class _Runner:
         rec, event, _ = self._step
         if self.plan.in_flight_aborts_at:
             self._take_in_flight_aborts(rec.step)
-        if event is not None:
-            self.session.take_inserted()
+        inserted = self._inserted
+        if event is not None and inserted:  # `take_inserted`, inline: keyed before the update
+            inserted.clear()
         self._apply(rec, batch)
         if event is not None:
-            event.applied, event.published_on_update = batch.index, self.session.take_inserted()
+            event.applied = batch.index
+            if inserted:  # the blocks update_from_output keyed
+                event.published_on_update = tuple(inserted)
+                inserted.clear()
 
     def _take_in_flight_aborts(self, step: int) -> None:
         """Aborts that arrive while `step`'s batch executes join the aborts queue (once a step)."""
@@ -378,11 +396,12 @@ class _Runner:
                 self.book.learn(rid, session.request(rid).block_hashes, truth)
         if self.plan.pending:
             self._take_continuations(rec, step)
-        aborts = self.plan.aborts(step, self._running) if self.plan.aborts_at else []
-        if self.in_flight_aborts:  # arrived during the last step's batch, which applied no output
-            aborts += [rid for rid in self._drain_in_flight_aborts() if rid not in aborts]
-        if aborts:
-            self._abort(rec, aborts)
+        if self.plan.aborts_at or self.in_flight_aborts:  # most runs abort nothing: no list a step
+            aborts = self.plan.aborts(step, self._running) if self.plan.aborts_at else []
+            if self.in_flight_aborts:  # arrived during the last step's batch, which applied no output
+                aborts += [rid for rid in self._drain_in_flight_aborts() if rid not in aborts]
+            if aborts:
+                self._abort(rec, aborts)
 
     def _take_continuations(self, rec: StepRecord, step: int) -> None:
         """Continuations due at `step` whose earlier request ended: each prompt is the earlier
@@ -434,7 +453,7 @@ class _Runner:
 
         mirror = self.mirror
         for dst, state in mirror.before_forward(out):
-            rec.writes.append(SlotWrite("-", -1, dst, state, "cow"))
+            rec.add("writes", SlotWrite("-", -1, dst, state, "cow"))
         preempted = session.preempted(out)
         if preempted:
             rec.preempted = sorted(preempted)
@@ -497,31 +516,33 @@ class _Runner:
             self.trace.in_flight_aborts.update((rec.step, rid) for rid in aborts)
             self._abort(rec, aborts)
         session = self.session
-        before = {}
-        for rid in batch.stale:
-            req = session.request(rid)
-            if req is not None and not req.is_finished():
-                before[rid] = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
+        before = None
+        if batch.stale:  # rows whose request was preempted after the batch was scheduled (rare)
+            before = {}
+            for rid in batch.stale:
+                req = session.request(rid)
+                if req is not None and not req.is_finished():
+                    before[rid] = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
         sent = self._sends_finished(rec) if self.send_pending else None
         session.feed(batch.out, batch.sampled, batch.recv_done, batch.recv_failed, sent)
         if batch.recv_failed:  # vLLM took the failure now: the request's next schedule admits it anew
             self.unadmitted.update(rid for rid in batch.recv_failed if self._running(rid))
         if self.connector is not None and self.connector.saves:
             self._drain_saves(rec)
-        for rid, counts in before.items():
+        for rid, counts in before.items() if before else ():
             req = session.request(rid)
             now = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
             if now != counts and not req.is_finished():
                 raise StaleDeliveryError(
                     STALE_OUTPUT_CHANGES_NOTHING, f"batch {batch.index}'s stale output for {rid} (preempted after it was scheduled) moved "
                     f"num_computed_tokens/num_output_placeholders from {counts} to {now}")
-        self._after_update(rec, batch.scheduled)
+        self._after_update(rec, batch.out.num_scheduled_tokens)  # `batch.scheduled`, inline
 
     # ---- pieces ----------------------------------------------------------------------
     def _running(self, rid: str) -> bool:
         """Arrived and not finished."""
         live = self.live.get(rid)
-        return live is not None and not live.req.is_finished()
+        return live is not None and live.req.status not in vb.FINISHED_STATUSES  # `not is_finished()`
 
     def _drain_connector(self) -> dict:
         """The connector's orders of this step's schedule, by request."""
@@ -648,7 +669,7 @@ class _Runner:
         else:
             state = self.live[rid].truth.at(num_tokens)
         block = self.mirror.load(self._tables(rid), num_tokens, state, rest)
-        rec.writes.append(SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
+        rec.add("writes", SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
 
     def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int], batch: Batch,
                  correction: int = 0) -> list[int]:
@@ -736,6 +757,8 @@ class _Runner:
         learn = self.prefix_caching
         learned = self.book.learned  # a request with no more hashes than learned has nothing new
         aborted_now = rec.aborts
+        propose = self.spec and not self.async_mode
+        finished = vb.FINISHED_STATUSES  # `req.status in finished` is `req.is_finished()`
         for rid, live in self.live.items():
             if rid in done:
                 if learn and aborted_now and rid in aborted_now:
@@ -747,17 +770,17 @@ class _Runner:
                 extend_truth(truth, req)
             if learn and len(req.block_hashes) > learned.get(rid, 0):
                 self.book.learn(rid, req.block_hashes, truth)
-            if req.is_finished():
-                if rid not in self.trace.finish_status:
-                    self.trace.finish_status[rid] = req.status.name
-                    rec.add("finished", rid)
+            if req.status in finished:
+                done[rid] = req.status.name  # the trace's finish_status: the loop skipped every rid in it
+                rec.add("finished", rid)
                 continue
             # EngineCore.post_step hands the drafter's proposals to the scheduler only when
             # synchronous; under async they stay on the worker (_run_row)
-            if (self.spec and not self.async_mode and rid in scheduled and req.num_computed_tokens >= req.num_tokens - 1
+            if (propose and rid in scheduled and req.num_computed_tokens >= req.num_tokens - 1
                     and req.num_output_tokens > 0):
                 drafts[rid] = self._propose(live, step, len(live.truth))
-        self.session.set_drafts(drafts)
+        if drafts:  # set_drafts hands vLLM nothing for none
+            self.session.set_drafts(drafts)
 
     def _propose(self, live: _Live, step: int, length: int) -> list[int]:
         """A drafter that knows the true model: after the request's first `length` tokens, its first

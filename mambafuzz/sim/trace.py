@@ -86,7 +86,8 @@ _no_items = itertools.repeat(NO_ITEMS).__next__
 class StepRecord:
     """One engine step. `chunks` and `writes` are the record's own lists (most steps run a row);
     the other list fields start as the shared, unchangeable NO_ITEMS (equal to, and printed as,
-    an empty list) until `add` or an assignment gives them a list of their own."""
+    an empty list) until `add` or an assignment gives them a list of their own. (The harness's
+    records, built without the constructor, start with every field NO_ITEMS: see below.)"""
 
     step: int
     arrivals: list[str] = field(default_factory=_no_items)
@@ -106,6 +107,15 @@ class StepRecord:
             items = []
             setattr(self, name, items)
         items.append(item)
+
+
+# A record built as `object.__new__(StepRecord)` with only `step` set (the harness's per-step record,
+# built without the constructor's frame and nine stores) reads every list field from these class
+# attributes: the shared NO_ITEMS, printed and compared as `[]`, until `add` or an assignment gives
+# the field a list of its own. Only `step` is then in the instance's dict, so a copy or pickle keeps
+# the same record.
+for _name in ("arrivals", "aborts", "admissions", "chunks", "writes", "cache", "preempted", "finished", "recv_done"):
+    setattr(StepRecord, _name, NO_ITEMS)
 
 
 @dataclass

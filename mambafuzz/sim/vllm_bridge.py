@@ -17,6 +17,7 @@ import os
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from functools import lru_cache
 from pathlib import Path
 
@@ -306,6 +307,11 @@ class CachedMambaEntry(typing.NamedTuple):
 
 
 _BLOCK_ID = operator.attrgetter("block_id")
+_NO_IDS: frozenset[str] = frozenset()
+
+# The statuses vLLM counts as finished (`RequestStatus.is_finished`, asked once per status):
+# `req.status in FINISHED_STATUSES` is `req.is_finished()` without its two Python calls, for hot loops.
+FINISHED_STATUSES = frozenset(status for status in RequestStatus if RequestStatus.is_finished(status))
 
 
 class SortedIds(set):
@@ -385,7 +391,9 @@ class SchedulerSession:
         self._block_hasher = get_request_block_hasher(hash_block_size, sha256)
         self._watched_keys: object = None  # the key map cache_keys_version watches
         self._key_changes = [0]
-        self._inserted: list[int] = []  # mamba blocks keyed since the last take_inserted()
+        # the mamba blocks keyed in the prefix cache since the list was last cleared (once the watch is on):
+        # `take_inserted` hands them out; a caller on a hot path may read and clear the list itself
+        self.inserted_blocks: list[int] = []
         # [the (key, block) pairs of mamba keys new to the map since the last take_added_mamba_keys(), or
         # None when the map changed some other way since (a pop, a second block on a key) or is not watched]
         self._added: list = [None]
@@ -480,9 +488,15 @@ class SchedulerSession:
     def mamba_tables(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block table in every mamba group, in group order (the first is `mamba_block_ids`).
         Built per scheduled row, so without a comprehension's frame per group."""
+        managers = self._mamba_managers
+        if len(managers) == 3:  # the tiny model's three groups, unrolled: the same lists without the loop
+            a, b, c = managers
+            return ([*map(_BLOCK_ID, a.req_to_blocks.get(request_id, ()))],
+                    [*map(_BLOCK_ID, b.req_to_blocks.get(request_id, ()))],
+                    [*map(_BLOCK_ID, c.req_to_blocks.get(request_id, ()))])
         tables = []
-        for m in self._mamba_managers:
-            tables.append(list(map(_BLOCK_ID, m.req_to_blocks.get(request_id, ()))))
+        for m in managers:
+            tables.append([*map(_BLOCK_ID, m.req_to_blocks.get(request_id, ()))])
         return tuple(tables)
 
     def cache_keys_version(self) -> int:
@@ -492,7 +506,7 @@ class SchedulerSession:
         `pop`, the only ways vLLM changes it), and again should vLLM replace the map."""
         keys = self.block_pool.cached_block_hash_to_block
         if keys is not self._watched_keys:
-            changes, suffix, inserted, added = self._key_changes, self._mamba_key_suffix, self._inserted, self._added
+            changes, suffix, inserted, added = self._key_changes, self._mamba_key_suffix, self.inserted_blocks, self._added
             insert, pop = keys.insert, keys.pop
             # Where a key maps to its block itself (vLLM before 0.34: no `_dup_ids`), a key new to the map is
             # yielded last by `cached_mamba_blocks`, as the block it was inserted with: `take_added_mamba_keys`
@@ -521,15 +535,19 @@ class SchedulerSession:
 
             keys.insert, keys.pop = counted_insert, counted_pop
             self._watched_keys = keys
-            added[0] = None  # a new map: nothing is known of it until a full scan
+            # a new map: nothing is known of it until a full scan, unless it is empty (the harness installs
+            # the watch before the first schedule()): then a scan would yield nothing, and the added pairs next
+            added[0] = [] if type(cache) is dict and not cache else None
             changes[0] += 1
         return self._key_changes[0]
 
     def take_added_mamba_keys(self) -> list[tuple[bytes, KVCacheBlock]] | None:
         """The (key, block) pairs of the mamba keys added to the prefix cache since the last call, in
         order, when nothing else changed the mamba keys since (no pop, no second block on a key): then
-        `cached_mamba_blocks` yields what it yielded at that call followed by these pairs. None when a
-        full scan is needed (always before the watch is on, or on a vLLM whose key map keeps block ids)."""
+        `cached_mamba_blocks` yields what it yielded at that call followed by these pairs. (Before the
+        first call, "that call" is the watch's install on an empty map, which yielded nothing.) None when
+        a full scan is needed (always before the watch is on, after it was installed on a map holding
+        keys, or on a vLLM whose key map keeps block ids)."""
         added = self._added
         pairs = added[0]
         added[0] = [] if self._watched_keys is not None else None
@@ -537,7 +555,7 @@ class SchedulerSession:
 
     def take_inserted(self) -> tuple[int, ...]:
         """The mamba blocks keyed in the prefix cache since the last call (once the watch is on)."""
-        inserted = self._inserted
+        inserted = self.inserted_blocks
         if not inserted:
             return ()
         out = tuple(inserted)
@@ -578,8 +596,10 @@ class SchedulerSession:
         return out.scheduled_spec_decode_tokens
 
     @staticmethod
-    def preempted(out: SchedulerOutput) -> set[str]:
-        return set(out.preempted_req_ids or ())
+    def preempted(out: SchedulerOutput) -> AbstractSet[str]:
+        """The requests `out` preempted; read-only (most steps preempt none: one shared empty set)."""
+        ids = out.preempted_req_ids
+        return set(ids) if ids else _NO_IDS
 
 
 def startup_min_blocks(e: EngineConfig, max_model_len: int) -> int:

@@ -291,3 +291,31 @@ def test_batch_queue_schedules_while_it_has_room_then_applies_the_oldest(depth, 
     assert session.log == expected
     # with two in flight the queue drains in a step of its own once nothing is left to schedule
     assert steps == (2 if depth == 1 else 4)
+
+
+def test_an_in_flight_abort_no_update_took_is_taken_at_the_next_steps_input():
+    """An abort that arrives while a step's batch executes joins the aborts queue; when that step
+    applies no output, the next step's input takes it (EngineCore._process_aborts_queue before
+    schedule()), so that step schedules nothing more for the request, also in runs whose input
+    queue aborts nothing."""
+    import random
+
+    from mambafuzz.model.step_plan import StepPlan
+
+    rng = random.Random(2)
+    checked = 0
+    for _ in range(1500):
+        s = with_scheduling(random_scenario(rng), "async")
+        plan = StepPlan.of(s)
+        if not plan.in_flight_aborts_at or plan.aborts_at:
+            continue
+        trace = harness.run(s)
+        for step, rids in plan.in_flight_aborts_at.items():
+            for rid in rids:
+                if step + 1 >= len(trace.steps) or rid in trace.steps[step].aborts or (step, rid) in trace.in_flight_aborts:
+                    continue  # taken by this step's update, or not running any more
+                nxt = trace.steps[step + 1]
+                if rid in nxt.aborts:
+                    assert not any(c.request_id == rid for c in nxt.chunks), (step, rid)
+                    checked += 1
+    assert checked >= 5, checked

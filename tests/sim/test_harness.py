@@ -151,11 +151,10 @@ def test_the_keys_the_bridge_hands_out_as_added_are_what_a_scan_adds():
 
     s = shared_prefix_scenario()
     session = vb.SchedulerSession(s.engine, 64, s.max_model_len(), None)
-    session.cache_keys_version()  # the watch
+    session.cache_keys_version()  # the watch, on the empty map of a fresh scheduler
     keys, blocks = session.block_pool.cached_block_hash_to_block, session.block_pool.blocks
     other_suffix = bytes(4) if session._mamba_key_suffix != bytes(4) else (1).to_bytes(4, "little")
-    assert session.take_added_mamba_keys() is None  # nothing known before a full scan
-    scan = list(session.cached_mamba_blocks())
+    scan: list = []  # what a scan of the empty map yields: the added pairs extend it from the start
     rng = random.Random(5)
     live: list[tuple[bytes, int]] = []
     fast = slow = 0
@@ -181,6 +180,28 @@ def test_the_keys_the_bridge_hands_out_as_added_are_what_a_scan_adds():
             slow += 1
         scan = now
     assert fast > 50 and slow > 50
+
+
+def test_a_key_watch_installed_on_a_map_holding_keys_knows_nothing_until_a_full_scan():
+    """On an empty map the watch knows the scan (nothing), so the audit's first look extends it;
+    on a map that already holds mamba keys the added pairs alone would miss those: a full scan."""
+    from mambafuzz.sim import vllm_bridge as vb
+
+    s = shared_prefix_scenario()
+    for keyed_before in (False, True):
+        session = vb.SchedulerSession(s.engine, 64, s.max_model_len(), None)
+        keys, blocks = session.block_pool.cached_block_hash_to_block, session.block_pool.blocks
+        first, second = (bytes([i]) * 32 + session._mamba_key_suffix for i in (1, 2))
+        assert session.take_added_mamba_keys() is None  # no watch yet
+        if keyed_before:
+            keys.insert(first, blocks[1])
+        session.cache_keys_version()
+        keys.insert(second, blocks[2])
+        added = session.take_added_mamba_keys()
+        if keyed_before:
+            assert added is None and list(session.cached_mamba_blocks()) == [(first, blocks[1]), (second, blocks[2])]
+        else:
+            assert added == list(session.cached_mamba_blocks()) == [(second, blocks[2])]
 
 
 def test_every_published_mamba_key_is_in_the_hash_book_when_the_audit_judges_it():
@@ -361,3 +382,56 @@ def test_a_schedule_that_returns_no_output_is_a_contract_finding_not_a_tool_fail
     crash = harness.run(s).crash
     assert crash is not None and crash.contract == harness.SCHEDULE_RETURNS_OUTPUT, crash
     assert crash.vllm_frame == "scheduler-output" and crash.step == 2 and "NoneType" in crash.message
+
+
+def test_each_batch_event_publishes_the_mamba_blocks_keyed_by_its_schedule_and_by_its_update(monkeypatch):
+    """The harness reads the bridge's list of keyed blocks itself (`take_inserted`, inline): each
+    step's event must name exactly the first mamba group's blocks keyed inside that step's
+    schedule() (`published`) and inside its update_from_output (`published_on_update`)."""
+    import collections
+    import random
+
+    from mambafuzz.model.generate import random_scenario
+    from mambafuzz.model.scenario import with_scheduling
+    from mambafuzz.sim import vllm_bridge as vb
+
+    keyed: dict = collections.defaultdict(list)  # (step, phase) -> block ids, in order
+    now = {"step": -1, "phase": None, "suffix": None}
+    s = shared_prefix_scenario()
+    map_type = type(vb.SchedulerSession(s.engine, 64, s.max_model_len(), None).block_pool.cached_block_hash_to_block)
+    real_insert, real_step = map_type.insert, harness._Runner._engine_step
+    real_schedule, real_feed = vb.SchedulerSession.schedule, vb.SchedulerSession.feed
+
+    def insert(self, key, block):
+        if now["phase"] is not None and key[-4:] == now["suffix"]:
+            keyed[(now["step"], now["phase"])].append(block.block_id)
+        return real_insert(self, key, block)
+
+    def phase(name, real):
+        def run(self, *args):
+            now["phase"], now["suffix"] = name, self._mamba_key_suffix
+            try:
+                return real(self, *args)
+            finally:
+                now["phase"] = None
+        return run
+
+    def engine_step(self, step):
+        now["step"] = step
+        return real_step(self, step)
+
+    monkeypatch.setattr(map_type, "insert", insert)
+    monkeypatch.setattr(vb.SchedulerSession, "schedule", phase("schedule", real_schedule))
+    monkeypatch.setattr(vb.SchedulerSession, "feed", phase("update", real_feed))
+    monkeypatch.setattr(harness._Runner, "_engine_step", engine_step)
+    rng = random.Random(7)
+    published = on_update = 0
+    for _ in range(30):
+        keyed.clear()
+        trace = harness.run(with_scheduling(random_scenario(rng), "async"))
+        for step, event in trace.batches.items():
+            assert list(event.published) == keyed[(step, "schedule")], step
+            assert list(event.published_on_update) == keyed[(step, "update")], step
+            published += len(event.published)
+            on_update += len(event.published_on_update)
+    assert published > 20, (published, on_update)

@@ -33,3 +33,20 @@ def test_a_writer_that_appends_to_a_shared_field_fails_instead_of_filling_every_
     with pytest.raises(TypeError, match="NO_ITEMS"):
         change(rec.finished)
     assert StepRecord(1).finished == [] and len(NO_ITEMS) == 0
+
+
+def test_a_record_built_with_only_its_step_is_a_record_of_empty_lists():
+    """The harness builds its per-step record as `object.__new__(StepRecord)` plus `step`: every list
+    field must then read, print, compare, copy and fill exactly as the constructor's record."""
+    import pickle
+
+    rec = object.__new__(StepRecord)
+    rec.step = 3
+    assert repr(rec) == repr(StepRecord(3)) and rec == StepRecord(3)
+    assert all(getattr(rec, name) is NO_ITEMS for name in LIST_FIELDS)
+    assert copy.deepcopy(rec) == rec and pickle.loads(pickle.dumps(rec)) == rec
+    rec.add("cache", "entry")
+    rec.chunks = ["chunk"]
+    assert rec == StepRecord(3, cache=["entry"], chunks=["chunk"]) and len(NO_ITEMS) == 0
+    with pytest.raises(TypeError, match="NO_ITEMS"):
+        rec.writes.append("write")

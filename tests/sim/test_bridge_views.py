@@ -1,0 +1,65 @@
+"""The bridge's read-only views of vLLM's state that the harness reads on its hot paths."""
+
+from mambafuzz.model.generate import random_scenario
+from mambafuzz.sim import harness
+from mambafuzz.sim import vllm_bridge as vb
+
+
+def _group_tables(session: vb.SchedulerSession, rid: str) -> tuple[list[int], ...]:
+    managers = session.scheduler.kv_cache_manager.coordinator.single_type_managers
+    return tuple([block.block_id for block in managers[g].req_to_blocks.get(rid, ())] for g in session.mamba_groups)
+
+
+def test_mamba_tables_are_each_mamba_groups_block_ids_in_group_order(monkeypatch):
+    """Read at every scheduled row, for models with three mamba groups (the tiny model's unrolled
+    path) and with more, and for a request vLLM holds no blocks for: each table is its group's
+    block ids, group by group."""
+    import random
+
+    seen = []
+    real = vb.SchedulerSession.mamba_tables
+
+    def checked(self, rid):
+        tables = real(self, rid)
+        assert tables == _group_tables(self, rid) and type(tables) is tuple
+        assert all(type(t) is list for t in tables)
+        seen.append(len(tables))
+        return tables
+
+    monkeypatch.setattr(vb.SchedulerSession, "mamba_tables", checked)
+    rng = random.Random(5)
+    for _ in range(6):
+        harness.run(random_scenario(rng))
+    assert 3 in seen and len(set(seen)) > 1
+    session = vb.SchedulerSession(random_scenario(rng).engine, 64, 4096, None, False)
+    assert real(session, "nobody") == ([],) * len(session.mamba_groups)
+
+
+def test_finished_statuses_are_the_ones_a_request_calls_finished():
+    """`req.status in FINISHED_STATUSES` stands for `req.is_finished()` on the harness's hot paths."""
+    import random
+
+    session = vb.SchedulerSession(random_scenario(random.Random(3)).engine, 64, 4096, None, False)
+    session.add_request("r0", [1, 2, 3, 4], 4, 0.0)
+    req = session.request("r0")
+    answers = set()
+    for status in vb.RequestStatus:
+        req.status = status
+        assert req.is_finished() == (status in vb.FINISHED_STATUSES), status
+        answers.add(req.is_finished())
+    assert answers == {True, False}
+
+
+def test_preempted_is_the_outputs_preempted_requests_and_the_shared_empty_set_refuses_changes():
+    from types import SimpleNamespace
+
+    import pytest
+
+    for ids in (None, set()):
+        none = vb.SchedulerSession.preempted(SimpleNamespace(preempted_req_ids=ids))
+        assert none == set() and not none
+        with pytest.raises(AttributeError):
+            none.add("r0")  # type: ignore[attr-defined]
+    ids = {"r0", "r2"}
+    got = vb.SchedulerSession.preempted(SimpleNamespace(preempted_req_ids=ids))
+    assert got == ids and got is not ids
