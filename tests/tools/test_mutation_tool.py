@@ -271,8 +271,8 @@ def test_a_survivor_classified_on_another_source_is_stale():
 def test_the_fork_server_kills_a_crashing_mutant_and_keeps_its_parent_clean(tmp_path):
     """bench/mutation_run.py --fork-server: each campaign is a child forked from one process that
     imported vLLM once. A mutant that crashes at the first input is killed (attributed in a
-    second child), an equivalent one survives its time box, and the parent, which forked both,
-    still runs vLLM's own split."""
+    second child), an equivalent one is not killed, and the parent, which forked both, still runs
+    vLLM's own split."""
     split = "mm:Scheduler._mamba_block_aligned_split"
     code = (
         "import sys; sys.path.insert(0, 'bench')\n"
@@ -288,7 +288,12 @@ def test_the_fork_server_kills_a_crashing_mutant_and_keeps_its_parent_clean(tmp_
     env = {k: v for k, v in os.environ.items() if k != "MAMBAFUZZ_MUTANT"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-3:] == ["killed", "survived", "True"]
+    crashing, equivalent, parent_clean = out.stdout.split()[-3:]
+    # Unmodified vLLM 0.32 has findings within reach of a 2-second campaign since pools go down to its
+    # start-up minimum (corpus/untriaged): the equivalent mutant's campaign may stop on one, which its
+    # confirmation replay then refuses to count (unconfirmed). Either way it is not killed.
+    assert (crashing, parent_clean) == ("killed", "True")
+    assert equivalent in ("survived", "unconfirmed")
 
 
 def test_replaying_survivors_counts_the_cases_that_raise_with_the_mutant(monkeypatch, tmp_path):
