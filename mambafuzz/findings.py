@@ -261,3 +261,11 @@ register(Oracle.of(OutputDivergence, follows_from=("stall",)))  # a stalled requ
 register(Oracle.of(Stall, export=_stall_assertion))
 register(Oracle.of(VllmCrash, export=lambda location: NO_CRASH))
 register(Oracle.of(Inefficiency))
+# The resource oracles (mambafuzz/checks/resources.py): judged after the built-in checks, so a wrong
+# state, a crash or a stall stays the primary finding of a run that also wastes resources.
+register(Oracle("missed_hit", check="mambafuzz.checks.resources:check_missed_hits"))
+register(Oracle("capacity", check="mambafuzz.checks.resources:check_capacity"))
+register(Oracle("pool_accounting", check="mambafuzz.checks.resources:check_pool_accounting"))
+# PR mode's efficiency gate (mambafuzz/search/efficiency_gate.py): judged against the base's figures by the
+# campaign's judge, not by a check of one run's traces.
+register(Oracle("efficiency_regression"))

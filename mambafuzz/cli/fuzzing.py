@@ -64,6 +64,11 @@ def add_commands(sub) -> None:
                         "vLLM without PYTHONPATH overlays or a planted mutant) or a directory made by ci/pr-overlay; "
                         "a violation the base shows too is recorded under FINDINGS/pre-existing/, labelled by the "
                         "known fixes, and is not new; known fixes then label findings and drop none")
+    f.add_argument("--allow-efficiency", nargs="+", default=[], metavar="FIGURE", choices=("hits", "steps", "blocks"),
+                   help="with --base: figures the efficiency gate lets regress against the base (hits: prefix-hit "
+                        "tokens served, steps: forward steps, blocks: peak blocks in use). Without it every input "
+                        "also runs on the base, and fewer hits, more steps or more peak blocks than the base's is "
+                        "a finding, efficiency_regression")
     f.add_argument("--with-known-fixes", action="store_true",
                    help="run every input on vLLM plus the candidate fix of every known bug under --known, so what "
                         "is found is what those fixes leave (a fix that no longer applies is named and skipped)")
@@ -188,6 +193,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         if args.target == "conform":
             raise _usage("--target conform: --base does not apply (it is about the scheduler target's findings)")
         base = check_where(args.base)
+    elif args.allow_efficiency:
+        raise _usage("--allow-efficiency applies only with --base (the gate compares against the base)")
     if not args.max_time and not args.runs:
         raise _usage("give --max-time or --runs (a run needs a bound)")
     generator = generators.get(args.generator)
@@ -213,7 +220,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         minimize_budget=args.minimize_budget, rss_limit_mb=args.rss_limit_mb,
         libfuzzer_args=list(args.libfuzzer_args), quiet=args.quiet,
         stats_file=Path(args.stats) if args.stats else None, patches=patch_specs, known_fix_dirs=known_fix_dirs,
-        runner=args.runner, target=args.target, scheduling=args.scheduling, base=base)
+        runner=args.runner, target=args.target, scheduling=args.scheduling, base=base,
+        efficiency_allowed=list(args.allow_efficiency))
     runner = f", model runner {args.runner}" if args.runner else ""
     if args.scheduling:
         runner += f", {args.scheduling} scheduling"

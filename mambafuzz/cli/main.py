@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also print a digest of the whole trace (equal digests: identical runs)")
     r.add_argument("--strict-efficiency", action="store_true",
                    help="count the efficiency differential against the installed split as a failure")
+    r.add_argument("--base", metavar="VLLM", default=None,
+                   help="also run each file on this base vLLM ('installed', or a directory made by ci/pr-overlay) "
+                        "and compare the resource figures, as the PR job's efficiency gate does: fewer prefix-hit "
+                        "tokens, more forward steps or more peak blocks here is an efficiency_regression (exit 1)")
     r.add_argument("--raw", action="store_true",
                    help="read each FILE as a fuzzing corpus input (corpus/generated, a libFuzzer crash-* file): "
                         "decoded exactly as the fuzz targets decode it, scenario JSON when it parses, else the "
@@ -145,11 +149,6 @@ def _split_or_usage(name: str):
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-    from mambafuzz.checks.pipeline import evaluate
-    from mambafuzz.model.scenario import ScenarioError, engine_realism_notes, with_scheduling
-    from mambafuzz.store import corpus
-    from mambafuzz.store.report import describe, step_table, trace_digest
-
     if args.all_versions:
         from mambafuzz.tools.repro_versions import repro_all_versions
 
@@ -157,43 +156,88 @@ def cmd_repro(args: argparse.Namespace) -> int:
     _split_or_usage(args.split)
     patches = patches_or_usage(args.patch)
     worst = EXIT_CLEAN
-    for path in args.files:
+    base = None
+    if args.base is not None:
+        from mambafuzz.search.base_oracle import BaseOracle, check_where
+
+        base = BaseOracle(check_where(args.base), args.split)
+    try:
+        for path in args.files:
+            worst = max(worst, _repro_one(args, path, patches, base))
+    finally:
+        if base is not None:
+            base.close()
+    return worst
+
+
+def _repro_one(args: argparse.Namespace, path: str, patches, base) -> int:
+    """Replay one file as `repro` does; its exit code."""
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.model.scenario import ScenarioError, engine_realism_notes, with_runner, with_scheduling
+    from mambafuzz.store import corpus
+    from mambafuzz.store.report import describe, step_table, trace_digest
+
+    worst = EXIT_CLEAN
+    try:
+        case = _load_raw_input(path, args.decoder) if args.raw else corpus.load_case(path)
+    except corpus.CaseError as exc:
+        hint = "; a fuzzing corpus input? add --raw" if isinstance(exc, corpus.NotJsonText) else ""
+        print(f"mambafuzz: {exc}{hint}", file=sys.stderr)
+        worst = EXIT_USAGE
+        return worst
+    if args.print_scenario:
+        print(case.scenario.dumps(), end="")
+        return worst
+    scenario = with_scheduling(case.scenario, args.scheduling)
+    try:
+        if base is not None:
+            base.figures_begin(with_runner(scenario, args.runner))
         try:
-            case = _load_raw_input(path, args.decoder) if args.raw else corpus.load_case(path)
-        except corpus.CaseError as exc:
-            hint = "; a fuzzing corpus input? add --raw" if isinstance(exc, corpus.NotJsonText) else ""
-            print(f"mambafuzz: {exc}{hint}", file=sys.stderr)
-            worst = EXIT_USAGE
-            continue
-        if args.print_scenario:
-            print(case.scenario.dumps(), end="")
-            continue
-        try:
-            ev = evaluate(with_scheduling(case.scenario, args.scheduling), args.split, differential=not args.no_differential,
+            ev = evaluate(scenario, args.split, differential=not args.no_differential,
                           strict_efficiency=args.strict_efficiency, patches=patches, runner=args.runner)
-        except ScenarioError as exc:
-            print(f"mambafuzz: {path}: {'; '.join(exc.problems)}", file=sys.stderr)
-            worst = EXIT_USAGE
-            continue
-        # a patched vLLM is not the one `expected` describes
-        expected = None if patches or args.scheduling else corpus.expected_for(case.expected, args.split, ev.trace.runner)
-        notes = engine_realism_notes(case.scenario.engine)
-        if args.json:
-            obj = describe(path, args.split, ev, expected)
-            obj["runner"], obj["mixer"] = ev.trace.runner, ev.trace.mixer
-            obj["realism_notes"] = notes
-            if args.digest:
-                obj["digest"] = trace_digest(ev.trace)
-            print(json.dumps(obj))
-        else:
-            mode = "async" if ev.trace.async_scheduling else "sync"
-            _print_text(path, f"{args.split}, runner {ev.trace.runner}, {mode}", ev, expected, notes)
-            if args.trace:
-                print(step_table(ev.trace))
-            if args.digest:
-                print(f"  trace digest: {trace_digest(ev.trace)}")
-        if not ev.verdict.clean and worst == EXIT_CLEAN:
+        finally:
+            theirs = base.figures_end() if base is not None else None
+    except ScenarioError as exc:
+        print(f"mambafuzz: {path}: {'; '.join(exc.problems)}", file=sys.stderr)
+        worst = EXIT_USAGE
+        return worst
+    against = None
+    if base is not None:
+        from mambafuzz.search import efficiency_gate
+
+        ours = efficiency_gate.figures(ev.trace)
+        gap = None if theirs is None else efficiency_gate.regression(ours, theirs)
+        against = {"where": base.where, "figures": ours, "base_figures": theirs,
+                   "signature": None if gap is None else gap.signature, "message": None if gap is None else gap.message}
+        if gap is not None and worst == EXIT_CLEAN:
             worst = EXIT_FOUND
+    # a patched vLLM is not the one `expected` describes
+    expected = None if patches or args.scheduling else corpus.expected_for(case.expected, args.split, ev.trace.runner)
+    notes = engine_realism_notes(case.scenario.engine)
+    if args.json:
+        obj = describe(path, args.split, ev, expected)
+        obj["runner"], obj["mixer"] = ev.trace.runner, ev.trace.mixer
+        obj["realism_notes"] = notes
+        if args.digest:
+            obj["digest"] = trace_digest(ev.trace)
+        if against is not None:
+            obj["against_base"] = against
+        print(json.dumps(obj))
+    else:
+        mode = "async" if ev.trace.async_scheduling else "sync"
+        _print_text(path, f"{args.split}, runner {ev.trace.runner}, {mode}", ev, expected, notes)
+        if args.trace:
+            print(step_table(ev.trace))
+        if args.digest:
+            print(f"  trace digest: {trace_digest(ev.trace)}")
+        if against is not None:
+            print(f"  against the base ({against['where']}): "
+                  + ("the base cannot run it" if theirs is None else against["message"] or
+                     f"no efficiency regression ({', '.join(f'{k} {v}' for k, v in against['figures'].items())})"))
+            if against["signature"]:
+                print(f"  signature: {against['signature']}")
+    if not ev.verdict.clean and worst == EXIT_CLEAN:
+        worst = EXIT_FOUND
     return worst
 
 

@@ -9,7 +9,9 @@ process with the PR's, so it runs here, behind one narrow interface: a scenario 
 line on stdin), its signature under the split out (`{"signature": S}`, null when clean;
 `{"rejected": why}` when the base cannot run the scenario; `{"error": why}` when mambafuzz
 failed on it there). A line `{"observe": scenario}` asks instead what the scenario's cached run
-shows there (`{"observed": ...}`, mambafuzz.sim.divergence), for the findings' divergence keys.
+shows there (`{"observed": ...}`, mambafuzz.sim.divergence), for the findings' divergence keys;
+`{"figures": scenario}` asks for its cached run's resource figures (`{"figures": {...}}`, null
+when the base cannot run it; mambafuzz.search.efficiency_gate), for the efficiency gate.
 
 `where` names the base: `installed` (the vLLM installed in this interpreter's environment, with
 no overlay on PYTHONPATH and no planted mutant) or a directory made by `ci/pr-overlay` (it holds
@@ -64,15 +66,33 @@ class BaseOracle:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=base_env(where), text=True, bufsize=1)
 
-    def _ask(self, request) -> dict:
+    def _send(self, request) -> None:
         if self.proc.poll() is not None:
             raise ToolError(f"the base process ({self.where}) exited {self.proc.returncode}")
         self.proc.stdin.write(json.dumps(request if isinstance(request, dict) else json.loads(request.dumps())) + "\n")
         self.proc.stdin.flush()
+
+    def _receive(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
             raise ToolError(f"the base process ({self.where}) exited {self.proc.wait()} without an answer")
         return json.loads(line)
+
+    def _ask(self, request) -> dict:
+        self._send(request)
+        return self._receive()
+
+    def figures_begin(self, scenario) -> None:
+        """Ask for `scenario`'s resource figures on the base (mambafuzz.search.efficiency_gate.figures)
+        and return at once: the base runs it while this process runs its own side."""
+        self._send({"figures": json.loads(scenario.dumps())})
+
+    def figures_end(self) -> dict | None:
+        """The answer to the last `figures_begin`; None when the base cannot run the scenario."""
+        answer = self._receive()
+        if "error" in answer:
+            raise ToolError(f"on the base ({self.where}): {answer['error']}")
+        return answer.get("figures")
 
     def signature_of(self, scenario) -> str | None:
         """How `scenario` fails on the base (None: clean); a base that cannot run it answers
@@ -135,6 +155,13 @@ def serve(settings: dict) -> int:
     for line in sys.stdin:
         try:
             request = json.loads(line)
+            if isinstance(request, dict) and "figures" in request:
+                from mambafuzz.search.efficiency_gate import figures_of
+
+                answer = {"figures": figures_of(loads(json.dumps(request["figures"])), split)}
+                sys.stdout.write(json.dumps(answer) + "\n")
+                sys.stdout.flush()
+                continue
             if isinstance(request, dict) and "observe" in request:
                 sys.stdout.write(json.dumps({"observed": observe(loads(json.dumps(request["observe"])), split)}) + "\n")
                 sys.stdout.flush()

@@ -183,6 +183,43 @@ def retention_mask_shifted() -> list[Patch]:
     return [Wrap(f"{MAMBA}.reachable_block_mask", make)]
 
 
+# ---- resources: states stay right, compute or memory is wasted (mambafuzz/checks/resources.py) ----
+
+@mutant("resources: the prompt's own checkpoint is evicted as a transient state (fewer hits on a resend)")
+def resource_prompt_checkpoint_evicted() -> list[Patch]:
+    return [Rewrite(f"{MAMBA}._cache_partial_tail_block", ((
+        "is_prompt_checkpoint = (",
+        "is_prompt_checkpoint = False and (  # mutant: the prompt's checkpoint is not kept",
+    ),))]
+
+
+@mutant("resources: align mode frees a skipped mamba state block one block late")
+def resource_state_freed_late() -> list[Patch]:
+    def make(original):
+        def late(self, request_id, processed_computed_tokens, num_prompt_tokens=None):
+            return original(self, request_id, max(0, processed_computed_tokens - self.block_size), num_prompt_tokens)
+        return late
+    return [Wrap(f"{MAMBA}.remove_skipped_blocks", make)]
+
+
+@mutant("resources: full attention takes one block of slots more than a request's tokens need")
+def resource_attention_block_extra() -> list[Patch]:
+    def make(original):
+        def extra(self, request_id, num_tokens, num_tokens_main_model):
+            return original(self, request_id, num_tokens + self.block_size, num_tokens_main_model)
+        return extra
+    return [Wrap(f"{STKM}:FullAttentionManager.allocate_new_blocks", make)]
+
+
+@mutant("resources: the block pool reports one free block more than its free queue holds")
+def resource_free_count_inflated() -> list[Patch]:
+    def make(original):
+        def inflated(self):
+            return original(self) + 1
+        return inflated
+    return [Wrap(f"{POOL}.get_num_free_blocks", make)]
+
+
 def _rollback_patch(rolled_back: str) -> list[Patch]:
     """update_from_output with `rolled_back` in place of the rollback of rejected drafts."""
     return [Rewrite(f"{SCHED}.update_from_output", ((

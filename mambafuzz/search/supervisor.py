@@ -76,7 +76,7 @@ def worker_config(cfg: CampaignConfig, job: int, deadline: float = 0.0) -> Worke
                         stop_on_first=cfg.stop_on_first, minimize_budget=cfg.minimize_budget,
                         known_dirs=[str(d) for d in cfg.known_dirs], patches=list(cfg.patches),
                         known_fix_dirs=list(cfg.known_fix_dirs), runner=cfg.runner, deadline=deadline,
-                        scheduling=cfg.scheduling, base=cfg.base)
+                        scheduling=cfg.scheduling, base=cfg.base, efficiency_allowed=list(cfg.efficiency_allowed))
 
 
 def launches(cfg: CampaignConfig, workdir: Path) -> list[Launch]:

@@ -51,9 +51,12 @@ class Runtime:
                                  minimize_budget=config.minimize_budget, announce=False)
             if config.base:
                 from mambafuzz.search.base_oracle import BaseOracle
+                from mambafuzz.search.efficiency_gate import check_allowed, gated_judge
 
                 base = BaseOracle(config.base, config.split, config.known_fix_dirs)
                 self.triage.base, self.triage.base_label = base.signature_of, config.base
+                # every input runs on the base too, and more work than the base's is a finding
+                self.triage.judge = gated_judge(config.split, base, check_allowed(config.efficiency_allowed))
         self.judge = self.triage.judge
         self.execs = 0
         self.modes = {"sync": 0, "async": 0}  # executions per scheduling mode (unset counts as vLLM's: async)

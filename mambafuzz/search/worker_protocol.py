@@ -62,6 +62,7 @@ class CampaignConfig:
     scheduling: str | None = None  # --scheduling: the scheduling mode every scenario is run in
     target: str = "scheduler"  # --target: what judges an input (worker_protocol.TARGETS)
     base: str | None = None  # --base: PR mode, judged against this vLLM (mambafuzz.search.base_oracle)
+    efficiency_allowed: list[str] = field(default_factory=list)  # --allow-efficiency: figures the gate lets regress
 
 
 @dataclass
@@ -79,6 +80,8 @@ class WorkerConfig:
     known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: these known bugs' fixes
     runner: str | None = None  # a registered model runner: every scenario runs on it; None: each scenario's own engine.runner
     base: str | None = None  # PR mode: the base vLLM ("installed" or an overlay dir; mambafuzz.search.base_oracle)
+    # PR mode: resource figures the efficiency gate lets regress against the base (mambafuzz.search.efficiency_gate)
+    efficiency_allowed: list[str] = field(default_factory=list)
     # (conform target: the runner checked; None: both)
     scheduling: str | None = None  # sync | async | default: every scenario runs so; None: each scenario's own
     # the random generator's own loop (libFuzzer workers take these as libFuzzer flags instead)

@@ -148,6 +148,7 @@ def _crash_or_tool_error(exc: Exception, step: int) -> Crash:
 _tuple_new = tuple.__new__
 _new = object.__new__
 
+POOL_WALK_EVERY_STEP = 4096  # blocks: the largest pool whose accounting is walked after every step
 DEFAULT_TIMEOUT = float(os.environ.get("MAMBAFUZZ_SCENARIO_TIMEOUT", "60"))
 
 
@@ -187,6 +188,13 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
         trace.crash = _crash_or_tool_error(exc, -1)
         return trace
     trace.runner = session.runner
+    trace.num_blocks, trace.startup_min_blocks = num_blocks, session.startup_min_blocks
+    trace.group_reserves, trace.group_kinds = session.group_reserves, session.group_kinds
+    trace.group_block_sizes = session.group_block_sizes
+    trace.hit_alignment = session.cache_hit_alignment_tokens
+    trace.eagle_block_drop = bool(getattr(session.scheduler, "use_eagle_block_drop", False))
+    trace.lru_evictions = None if session.lru_evictions is None else {}
+    trace.external_requests = {rid for rid, r in zip(plan.ids, scenario.requests) if r.external_tokens}
     trace.model = session.model_description
     trace.async_scheduling, trace.batch_queue_depth = session.async_scheduling, session.batch_queue_depth
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
@@ -311,6 +319,10 @@ class _Runner:
             self.trace.crash = _crash_or_tool_error(exc, step)
         if self.prefix_caching and self.trace.crash is None and not self.trace.timed_out:
             self._check_audit_view()
+        if self.trace.crash is None and not self.trace.timed_out and not self.trace.hit_bound:
+            self.trace.held_at_end = self.session.block_holders()
+            if self.trace.steps and (not self.trace.pool or self.trace.pool[-1][0] != len(self.trace.steps) - 1):
+                self.trace.pool.append((len(self.trace.steps) - 1, *self.session.pool_counts()))
         for rid in self.ids:
             req = self.session.request(rid)
             if rid in self.live:  # what vLLM's Request kept: a worker may run past a stop under async
@@ -343,6 +355,27 @@ class _Runner:
             self._take_in_flight_aborts(step)  # a step that ran no batch: they wait for the next input
         if self.prefix_caching:
             self._audit_cache(rec)
+        self._pool_facts(step)
+
+    def _pool_facts(self, step: int) -> None:
+        """The step's resource facts: the pool's accounting, the blocks in use, LRU evictions, and
+        the blocks of a request that holds blocks alone (the capacity vLLM promised at start-up)."""
+        session, trace = self.session, self.trace
+        # The pool's accounting walks every block: each step on pools of up to POOL_WALK_EVERY_STEP blocks
+        # (the generators' pools, mostly), every 8th step and at the end (`run`) on larger ones
+        if trace.num_blocks <= POOL_WALK_EVERY_STEP or not step % 8:
+            trace.pool.append((step, *session.pool_counts()))
+        free = session.num_free_blocks()
+        used = trace.num_blocks - free
+        if used > trace.peak_blocks:
+            trace.peak_blocks = used
+        evictions = session.lru_evictions
+        if evictions is not None and evictions[0]:
+            trace.lru_evictions[step] = evictions[0]
+            evictions[0] = 0
+        sole = session.sole_holder()
+        if sole is not None:
+            trace.alone.append((step, sole, session.held_blocks(sole)))
 
     def _on_forward(self, batch: Batch) -> None:
         rec, event, waiting = self._step
@@ -390,6 +423,7 @@ class _Runner:
             self.live[rid] = _Live(i, truth, session.request(rid))
             self.unadmitted.add(rid)
             rec.add("arrivals", rid)
+            self.trace.prompts[rid] = tuple(truth.tokens)
             if self.async_mode and self.prefix_caching:
                 # schedule() may publish the prompt's blocks before any output of this request is
                 # applied (the audit's book otherwise learns hashes after update_from_output)
@@ -420,6 +454,7 @@ class _Runner:
             rec.add("arrivals", rid)
             self.trace.continuations[rid] = (self.ids[j], n, truth.at(len(prompt)).fingerprint)
             self.trace.prompt_lens[rid] = len(prompt)
+            self.trace.prompts[rid] = tuple(prompt)
             if self.async_mode and self.prefix_caching:
                 self.book.learn(rid, session.request(rid).block_hashes, truth)
 

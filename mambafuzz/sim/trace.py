@@ -181,6 +181,25 @@ class Trace:
     forward_steps: int = 0
     hashed_snapshots: int = 0
     prefix_hit_tokens: int = 0
+    # resource facts, for the resource oracles (mambafuzz/checks/resources.py); none is in the trace digest
+    prompts: dict[str, tuple[int, ...]] = field(default_factory=dict)  # request -> its prompt's tokens
+    external_requests: set[str] = field(default_factory=set)  # requests the connector plans to claim tokens for
+    hit_alignment: int = 0  # the grid a hit and a prompt's checkpoint align to (cache_hit_alignment_tokens)
+    eagle_block_drop: bool = False  # the scheduler drops a hit's last block for an EAGLE/MTP drafter
+    lru_evictions: dict[int, int] | None = None  # step -> cached blocks evicted to hand them out (None: not counted)
+    num_blocks: int = 0  # the pool's blocks, the null block included
+    startup_min_blocks: int = 0  # the smallest pool vLLM's start-up check accepts for this config
+    group_reserves: tuple[int, ...] = ()  # blocks the check reserves per KV-cache group for one request
+    group_kinds: tuple[str, ...] = ()  # "mamba" or the group's spec class, per KV-cache group
+    group_block_sizes: tuple[int, ...] = ()  # each KV-cache group's block size
+    # (step, free count the pool reports, unreferenced blocks, blocks with a negative count) after each step
+    # (pools over harness.POOL_WALK_EVERY_STEP blocks: every 8th step), and at the end of a run that ended
+    pool: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # (step, the one request holding blocks after the step, its blocks per group); steps with one holder only
+    alone: list[tuple[int, str, tuple[int, ...]]] = field(default_factory=list)
+    # requests still holding blocks when the run ended with nothing left to do (the pool is quiescent)
+    held_at_end: list[str] = field(default_factory=list)
+    peak_blocks: int = 0  # the most blocks in use (not free) after any step
     # the KV connector's work beyond one-step loads (EngineConfig.connector_* knobs), in order:
     # (step, "save" | "sent" | "recv-done" | "load-fail", request, detail)
     connector_events: list[tuple[int, str, str, str]] = field(default_factory=list)

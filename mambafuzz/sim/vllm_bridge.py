@@ -307,6 +307,8 @@ class CachedMambaEntry(typing.NamedTuple):
 
 
 _BLOCK_ID = operator.attrgetter("block_id")
+_REF_CNT = operator.attrgetter("ref_cnt")
+_IS_NULL = operator.attrgetter("is_null")
 _NO_IDS: frozenset[str] = frozenset()
 
 # The statuses vLLM counts as finished (`RequestStatus.is_finished`, asked once per status):
@@ -339,6 +341,11 @@ class SchedulerSession:
         external tokens); without it vLLM runs with no connector, as most deployments do."""
         vc = _checked_config(engine, max_model_len, connector)
         vc.cache_config.num_gpu_blocks = num_blocks
+        # The scheduler and its KV-cache manager cap slots and rows at the model's max_model_len; the
+        # configs share one ModelConfig (16384), so each scheduler gets its own copy at the engine's.
+        vc = copy.copy(vc)
+        vc.model_config = copy.copy(vc.model_config)
+        vc.model_config.max_model_len = max_model_len
         try:
             kv_cache_config = kv_cache_config_for(engine, num_blocks, max_model_len)
         except features.FeatureAbsent as exc:
@@ -385,7 +392,18 @@ class SchedulerSession:
         self.null_block_id = self.block_pool.null_block.block_id
         self.allocated_blocks: set[int] = set()  # ever handed out by the pool
         self.reused_blocks: set[int] = set()  # handed out more than once: no longer the cache's initial zeros
+        # [cached blocks the pool evicted to hand them out (LRU eviction in get_new_blocks)]; None on a
+        # vLLM whose free queue or pool keeps none of what they are counted by
+        queue = getattr(self.block_pool, "free_block_queue", None)
+        self.lru_evictions: list[int] | None = [0] if (
+            hasattr(queue, "fake_free_list_head") and hasattr(self.block_pool, "cached_block_hashes_by_block")) else None
         self._watch_reuse()
+        self.num_blocks = num_blocks
+        self.startup_min_blocks, self.group_reserves = startup_budget(vc, kv_cache_config.kv_cache_groups, max_model_len)
+        self.group_kinds = tuple("mamba" if isinstance(m, MambaManager) else type(m.kv_cache_spec).__name__
+                                 for m in managers)
+        self.group_block_sizes = tuple(m.block_size for m in managers)
+        self._managers = tuple(managers)
         self._mamba_key_suffix = bytes(make_block_hash_with_group_id(b"", self.mamba_group))
         self.connector = self.scheduler.connector
         self._block_hasher = get_request_block_hasher(hash_block_size, sha256)
@@ -408,8 +426,21 @@ class SchedulerSession:
         used before holds that group's bytes (mamba blocks are never zeroed on reuse)."""
         pool_get = self.block_pool.get_new_blocks
         ever, reused = self.allocated_blocks, self.reused_blocks
+        # get_new_blocks hands out the first blocks of the free queue and evicts each that is cached
+        # (`_maybe_evict_cached_block`: a primary `block_hash`, or secondary keys in
+        # `cached_block_hashes_by_block`); they are counted before it does
+        pool, evictions = self.block_pool, self.lru_evictions
 
         def get_new_blocks(num_blocks: int) -> list[KVCacheBlock]:
+            if evictions is not None and pool.enable_caching:
+                secondary = pool.cached_block_hashes_by_block
+                block = pool.free_block_queue.fake_free_list_head.next_free_block
+                for _ in range(min(num_blocks, pool.get_num_free_blocks())):
+                    if block is None:
+                        break
+                    if block.block_hash is not None or block.block_id in secondary:
+                        evictions[0] += 1
+                    block = block.next_free_block
             blocks = pool_get(num_blocks)
             for b in blocks:
                 if b.block_id in ever:
@@ -583,6 +614,54 @@ class SchedulerSession:
             else:
                 yield key, value
 
+    def pool_counts(self) -> tuple[int, int, int]:
+        """The pool's own accounting, for the resource oracles: (the free count it reports, blocks
+        other than the null block with no reference, blocks with a negative reference count). The
+        free queue holds exactly the unreferenced blocks (BlockPool.free_blocks appends a block when
+        its count reaches 0, `touch` and get_new_blocks take it out), so the first two are equal.
+        The null block's count means nothing (free_blocks decrements it like any block, `touch` skips
+        nothing for it, and the pool never frees it), so it is left out of both."""
+        pool = self.block_pool
+        counts = [*map(_REF_CNT, pool.blocks)]  # C-level passes: a pool of 10,000 blocks costs well under 1 ms
+        counts[self.null_block_id] = 1  # left out of both counts
+        unreferenced = counts.count(0)
+        negative = sum(1 for c in counts if c < 0) if min(counts) < 0 else 0
+        return pool.get_num_free_blocks(), unreferenced, negative
+
+    def num_free_blocks(self) -> int:
+        """The pool's free count, as vLLM reports it."""
+        return self.block_pool.get_num_free_blocks()
+
+    def block_holders(self) -> list[str]:
+        """The requests holding blocks in any KV-cache group (a table that is not empty), sorted."""
+        holders: set[str] = set()
+        for m in self._managers:
+            for rid, blocks in m.req_to_blocks.items():
+                if blocks:
+                    holders.add(rid)
+        return sorted(holders)
+
+    def sole_holder(self) -> str | None:
+        """The one request holding blocks, when exactly one does (the capacity rule's case); stops
+        at the second holder it meets, so a busy step costs a few lookups."""
+        sole = None
+        for m in self._managers:
+            for rid, blocks in m.req_to_blocks.items():
+                if blocks and rid != sole:
+                    if sole is not None:
+                        return None
+                    sole = rid
+        return sole
+
+    def held_blocks(self, request_id: str) -> tuple[int, ...]:
+        """The blocks `request_id` holds in each KV-cache group, the null block not counted (align
+        mode nulls the state blocks it no longer needs: `remove_skipped_blocks`)."""
+        held = []
+        for m in self._managers:
+            blocks = m.req_to_blocks.get(request_id, ())
+            held.append(len(blocks) - sum(map(_IS_NULL, blocks)))
+        return tuple(held)
+
     @staticmethod
     def mamba_entry(key: bytes, block: KVCacheBlock) -> CachedMambaEntry:
         """One (key, block) pair of `cached_mamba_blocks`, described."""
@@ -615,15 +694,25 @@ def startup_min_blocks(e: EngineConfig, max_model_len: int) -> int:
         kv_cache_config = kv_cache_config_for(e, 1, max_model_len)
     except features.FeatureAbsent as exc:
         raise ConfigRejected(f"cannot run: {exc}") from None
-    groups = kv_cache_config.kv_cache_groups
+    return startup_budget(_checked_config(e, max_model_len, False), kv_cache_config.kv_cache_groups, max_model_len)[0]
+
+
+def startup_budget(vc: VllmConfig, groups: typing.Sequence[KVCacheGroupSpec], max_model_len: int
+                   ) -> tuple[int, tuple[int, ...]]:
+    """What vLLM's start-up check promises for `groups`: the smallest pool it starts with
+    (`startup_min_blocks`), and the blocks it reserves in each group for one request of
+    `max_model_len` tokens (each group's spec's `max_memory_usage_bytes` over its page size:
+    cdiv(max_model_len, block_size) for attention, 2 + speculative + checkpoint blocks for mamba in
+    align mode), the capacity a request alone may hold."""
     # The bridge's configs share one ModelConfig (max_model_len 16384): the check reads the engine's own.
-    sized = copy.copy(_checked_config(e, max_model_len, False))
+    sized = copy.copy(vc)
     sized.model_config = copy.copy(sized.model_config)
     sized.model_config.max_model_len = max_model_len
     specs = [g.kv_cache_spec for g in groups for _ in g.layer_names]
     need = max_memory_usage_bytes(sized, specs)
     per_block = max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
-    return -(-need // per_block) + 1
+    reserves = tuple(g.kv_cache_spec.max_memory_usage_bytes(sized) // g.kv_cache_spec.page_size_bytes for g in groups)
+    return -(-need // per_block) + 1, reserves
 
 
 # vLLM >= 0.32 hands a producer-side connector the exact blocks holding mamba "align" boundary states

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from mambafuzz.model import architectures as registry
+from mambafuzz.model.scenario import with_scheduling
 from mambafuzz.sim import architectures as arch
 from mambafuzz.sim import vllm_bridge as vb
 from mambafuzz.sim.vllm_compat import api
@@ -130,7 +131,9 @@ def test_a_wrong_read_in_another_mamba_group_is_a_finding(monkeypatch):
             return (tables[0], other[1], *tables[2:])
         return tables
 
-    scenario = _seed_case("nemotron_h_shared_prefix_hits.json")
+    # synchronous: under async scheduling the case also holds the in-flight state block beyond vLLM's
+    # start-up reserve (corpus/upstream/async_inflight_state_block_beyond_startup_reserve)
+    scenario = with_scheduling(_seed_case("nemotron_h_shared_prefix_hits.json"), "sync")
     assert evaluate(scenario, "fixed").verdict.clean
     monkeypatch.setattr(vb.SchedulerSession, "mamba_tables", swapped)
     verdict = evaluate(scenario, "fixed", differential=False).verdict

@@ -1,0 +1,81 @@
+"""The PR job's efficiency gate: an input on which the PR's vLLM serves fewer prefix-hit tokens,
+runs more forward steps, or holds more blocks at its peak than its base is a finding,
+`efficiency_regression`, with both sides' figures.
+
+Prefix caching exists to save compute, and a change that keeps every state right can still
+waste it (a checkpoint dropped early, a block freed late, an extra block taken). The figures of
+one run are exact (the harness is deterministic), so the base process (mambafuzz.search.base_oracle)
+runs the same scenario beside this one, while it runs, and the two are compared figure by figure.
+A figure a PR is meant to change is allowed in the job's arguments (`--allow-efficiency`),
+never silenced here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from mambafuzz.checks.pipeline import Judge, evaluate
+from mambafuzz.findings import Violation
+from mambafuzz.model.scenario import Scenario, with_runner
+from mambafuzz.sim.trace import Trace
+
+KIND = "efficiency_regression"
+# figure -> (what it counts, True when more is worse)
+FIGURES: dict[str, tuple[str, bool]] = {
+    "hits": ("prefix-hit tokens served", False),
+    "steps": ("forward steps", True),
+    "blocks": ("peak blocks in use", True),
+}
+
+
+def figures(trace: Trace) -> dict[str, int]:
+    """One cached run's resource figures (mambafuzz.sim.trace: `prefix_hit_tokens`, `forward_steps`,
+    `peak_blocks`)."""
+    return {"hits": trace.prefix_hit_tokens, "steps": trace.forward_steps, "blocks": trace.peak_blocks}
+
+
+def figures_of(scenario: Scenario, split: str) -> dict[str, int]:
+    """`scenario`'s figures under `split` in this process's vLLM: what the base answers."""
+    from mambafuzz.sim import harness, splits
+
+    return figures(harness.run(with_runner(scenario, None), splits.resolve(split), split))
+
+
+def check_allowed(names: Iterable[str]) -> frozenset[str]:
+    """`--allow-efficiency` values; a ValueError naming an unknown figure."""
+    allowed = frozenset(names)
+    unknown = sorted(allowed - set(FIGURES))
+    if unknown:
+        raise ValueError(f"unknown efficiency figure(s) {', '.join(unknown)} (known: {', '.join(FIGURES)})")
+    return allowed
+
+
+def regression(ours: dict[str, int], theirs: dict[str, int], allowed: frozenset[str] = frozenset()) -> Violation | None:
+    """The figures on which the PR's run (`ours`) is worse than the base's (`theirs`), as one
+    violation whose location names them in a fixed order (`hits+blocks`); None when none is,
+    or each one that is was allowed."""
+    worse = [name for name, (_, more_is_worse) in FIGURES.items()
+             if name not in allowed and (ours[name] > theirs[name] if more_is_worse else ours[name] < theirs[name])]
+    if not worse:
+        return None
+    side_by_side = "; ".join(f"{FIGURES[n][0]} {ours[n]} here vs {theirs[n]} on the base" for n in worse)
+    location = "+".join(worse)
+    return Violation(f"{KIND}:{location}", f"the PR's vLLM does more work than its base: {side_by_side}")
+
+
+def gated_judge(split: str, base, allowed: frozenset[str] = frozenset()) -> Judge:
+    """The oracles under `split`, then, for an input they pass, the efficiency gate against
+    `base` (a BaseOracle): the base runs the scenario while this process does."""
+    def verdict(scenario: Scenario) -> Violation | None:
+        base.figures_begin(scenario)
+        try:
+            evaluation = evaluate(scenario, split, efficiency=False)
+        finally:
+            theirs = base.figures_end()
+        found = evaluation.verdict.violation
+        if found is not None or theirs is None:
+            return found
+        return regression(figures(evaluation.trace), theirs, allowed)
+
+    return Judge(split, verdict, lambda path, sig: f"mambafuzz repro {path} --split {split}"
+                 + (f" --base {base.where}" if sig.startswith(KIND) else ""))

@@ -1,0 +1,88 @@
+"""The resource oracles (mambafuzz/checks/resources.py): each stays silent on unmodified vLLM
+for an input built to exercise it and fires, attributed, when a small resource bug is planted
+in vLLM (mambafuzz/search/mutants.py `resource_*`); the checkpoint rule is held to vLLM's own."""
+
+import pytest
+
+from mambafuzz.checks import resources
+from mambafuzz.checks.pipeline import evaluate
+from mambafuzz.model.scenario import from_json
+from mambafuzz.search import mutants
+from mambafuzz.sim import patching
+from mambafuzz.sim.trace import Admission, Chunk, StepRecord, Trace
+from mambafuzz.sim.vllm_compat.api import get_mamba_prefill_checkpoint_position
+
+
+def scenario(engine: dict, requests: list[dict], prefixes=()) -> object:
+    reqs = [{"arrival_step": 0, "prefix_ids": [], "unique_len": 0, "max_tokens": 2, "external_tokens": 0,
+             "external_async": False, "abort_step": None, **r} for r in requests]
+    return from_json({"format": "mambafuzz-scenario", "version": 1,
+                      "engine": {"async_scheduling": False, **engine}, "prefixes": list(prefixes),
+                      "requests": reqs, "acceptance": [], "token_seed": 0})
+
+
+# A prompt sent again, with more tokens, after its first request finished (a continuation that
+# takes none of its outputs): the second is served the first prompt's checkpoint.
+RESEND = scenario({"mamba_block_size": 64, "attn_block_size": 64, "max_num_batched_tokens": 128,
+                   "num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 16},
+                  [{"unique_len": 197}, {"arrival_step": 12, "unique_len": 20, "continues": 0, "continue_outputs": 0}])
+
+
+def kinds(s, mutant: str | None = None) -> list[str]:
+    with patching.applied(mutants.patches(mutant) if mutant else []):
+        verdict = evaluate(s, "fixed", efficiency=False).verdict
+    return [f.signature for f in verdict.findings]
+
+
+@pytest.mark.parametrize("prompt_len", [1, 15, 16, 17, 63, 64, 65, 200])
+@pytest.mark.parametrize("alignment", [1, 8, 16])
+@pytest.mark.parametrize("eagle", [False, True])
+def test_prompt_checkpoint_is_vllms(prompt_len, alignment, eagle):
+    assert resources.prompt_checkpoint(prompt_len, alignment, eagle) == \
+        get_mamba_prefill_checkpoint_position(prompt_len, alignment, eagle)
+
+
+def test_a_resend_is_clean_on_vllm_and_a_missed_hit_with_the_prompt_checkpoint_evicted():
+    assert kinds(RESEND) == []
+    found = kinds(RESEND, "resource_prompt_checkpoint_evicted")
+    assert found and found[0] == "missed_hit:below-prompt-checkpoint", found
+
+
+def test_a_state_block_freed_late_breaks_the_capacity_contract():
+    s = scenario({"mamba_block_size": 32, "attn_block_size": 32, "max_num_batched_tokens": 32},
+                 [{"unique_len": 200, "max_tokens": 4}])
+    assert kinds(s) == []
+    found = kinds(s, "resource_state_freed_late")
+    assert found and found[0] == "capacity:held-over-reserve/mamba", found
+
+
+def test_an_inflated_free_count_is_a_pool_accounting_finding():
+    s = scenario({"mamba_block_size": 32, "attn_block_size": 32, "max_num_batched_tokens": 64},
+                 [{"unique_len": 90, "max_tokens": 3}])
+    assert kinds(s) == []
+    found = kinds(s, "resource_free_count_inflated")
+    assert found and found[0] == "pool_accounting:free-count", found
+
+
+def _trace(served: int, evicted_at: int | None = None) -> Trace:
+    """r0 (40 tokens) prefills at step 0; r1, whose prompt starts with r0's, is admitted at step 2."""
+    t = Trace(split="fixed", prefix_caching=True, step_bound=20, hit_alignment=8,
+              group_kinds=("FullAttentionSpec", "mamba"), group_block_sizes=(8, 16), lru_evictions={})
+    t.prompts = {"r0": tuple(range(40)), "r1": tuple(range(40)) + (99, 98)}
+    t.prompt_lens = {"r0": 40, "r1": 42}
+    first = Chunk("r0", 0, 40, 0, 0, 1, None, None, True, False)
+    t.steps = [StepRecord(0, admissions=[Admission("r0", 0, 0, False)], chunks=[first]), StepRecord(1),
+               StepRecord(2, admissions=[Admission("r1", served, 0, False)])]
+    if evicted_at is not None:
+        t.lru_evictions[evicted_at] = 1
+    return t
+
+
+def test_missed_hit_rule_on_a_built_trace():
+    assert resources.check_missed_hits(_trace(32)) is None  # checkpoint (40 - 1) // 8 * 8 = 32
+    found = resources.check_missed_hits(_trace(24))
+    assert found is not None and found.mechanism == "short-hit" and "checkpoint at 32" in found.message
+    assert resources.check_missed_hits(_trace(0, evicted_at=1)) is None  # an eviction can take the hit away
+    t = _trace(0)
+    t.group_block_sizes = (64, 16)  # attention's full blocks stop short of the checkpoint: no bound
+    assert resources.check_missed_hits(t) is None

@@ -1,0 +1,33 @@
+"""Judging a case "clean apart from triaged upstream behaviour": a test that wants unmodified
+vLLM clean on its input accepts a finding only when it is one of corpus/upstream's triaged
+behaviours (by signature) and that behaviour's candidate fix removes it, so everything else
+still fails the test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mambafuzz.checks.pipeline import evaluate
+from mambafuzz.search.triage import known_signatures
+
+UPSTREAM = Path(__file__).resolve().parents[2] / "corpus" / "upstream"
+_KNOWN = []
+
+
+def _known():
+    if not _KNOWN:
+        _KNOWN.append(known_signatures([UPSTREAM], "fixed"))
+    return _KNOWN[0]
+
+
+def unexplained(scenario, split: str = "fixed", **evaluate_kw) -> str | None:
+    """None when `scenario` is clean under `split`, or fails only with a triaged upstream behaviour
+    that its candidate fix removes; else the message of the finding left."""
+    verdict = evaluate(scenario, split, **evaluate_kw).verdict
+    if verdict.clean:
+        return None
+    bugs = [b for b in _known().bugs if verdict.primary.signature in b.signatures]
+    if not bugs:
+        return verdict.primary.message
+    fixed = evaluate(scenario, split, patches=[p for b in bugs for p in b.patches], **evaluate_kw).verdict
+    return None if fixed.clean else f"{fixed.primary.message} (left by the fix of {', '.join(b.name for b in bugs)})"
