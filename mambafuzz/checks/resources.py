@@ -81,7 +81,8 @@ def check_missed_hits(trace: Trace, uncached: Trace | None = None) -> Finding | 
     """A fresh request Q whose prompt starts with an earlier request R's whole prompt is served at
     least R's prompt checkpoint (`prompt_checkpoint`) when nothing can have taken it away:
     R's prefill finished, and its output was applied, before Q's admission step; R was never
-    preempted; no cached block was evicted to hand it out (`BlockPool.get_new_blocks`) from R's
+    preempted and loaded no connector tokens (a load restores the state at its own end and
+    computes from there: a checkpoint below it is never materialized); no cached block was evicted to hand it out (`BlockPool.get_new_blocks`) from R's
     last prefill step to Q's admission; Q claims no connector tokens (the connector's paths
     trade local hits for loads: `Scheduler.schedule`, `partial_tail`). Nothing else in vLLM 0.32
     takes such a hit away: the mamba manager keeps the prompt's checkpoint under every retention
@@ -98,9 +99,12 @@ def check_missed_hits(trace: Trace, uncached: Trace | None = None) -> Finding | 
     prefilled: dict[str, tuple[int, int]] = {}  # request -> (step of its last prefill chunk, step its output was applied)
     preempted: set[str] = set()
     first_admission: dict[str, tuple[int, object]] = {}
+    loaded: set[str] = set(trace.external_requests)  # requests the connector loaded tokens for
     for rec in trace.steps:
         for a in rec.admissions:
             first_admission.setdefault(a.request_id, (rec.step, a))
+            if a.external_tokens:
+                loaded.add(a.request_id)
         for c in rec.chunks:
             prompt = trace.prompt_lens.get(c.request_id)
             if prompt is not None and c.request_id not in prefilled and c.end >= prompt and c.start < prompt:
@@ -114,7 +118,7 @@ def check_missed_hits(trace: Trace, uncached: Trace | None = None) -> Finding | 
         best, source, since = 0, "", 0
         for r, (last_chunk, done) in prefilled.items():
             prompt_len = trace.prompt_lens[r]
-            if r == q or done >= step or r in preempted or len(prompt_q) < prompt_len:
+            if r == q or done >= step or r in preempted or r in loaded or len(prompt_q) < prompt_len:
                 continue
             if any(last_chunk <= e <= step for e in evicted):
                 continue
@@ -185,7 +189,9 @@ def check_capacity(trace: Trace, uncached: Trace | None = None) -> Finding | Non
     holds more blocks in a KV-cache group than its spec's `max_memory_usage_bytes` over its page
     size (attention: cdiv(max_model_len, block_size); mamba in align mode: 2 + speculative +
     checkpoint blocks, `MambaSpec.max_memory_usage_bytes`), and is never preempted (it would be
-    preempting itself, vllm-project/vllm#56028). Judged on both runs (prefix caching off promises
+    preempting itself, vllm-project/vllm#56028). "Alone": its tables hold every block in use, so
+    a step where vLLM still holds a freed request's blocks back (`Scheduler.deferred_frees`,
+    v1/core/sched/scheduler.py:186-192, 410-417) is not one. Judged on both runs (prefix caching off promises
     the same), on pools vLLM would start with only."""
     return _capacity(trace, False) or (_capacity(uncached, True) if uncached is not None else None)
 

@@ -366,7 +366,7 @@ class _Runner:
         if trace.num_blocks <= POOL_WALK_EVERY_STEP or not step % 8:
             trace.pool.append((step, *session.pool_counts()))
         free = session.num_free_blocks()
-        used = trace.num_blocks - free
+        used = trace.num_blocks - 1 - free  # the null block is never free, and holds nothing
         if used > trace.peak_blocks:
             trace.peak_blocks = used
         evictions = session.lru_evictions
@@ -375,7 +375,11 @@ class _Runner:
             evictions[0] = 0
         sole = session.sole_holder()
         if sole is not None:
-            trace.alone.append((step, sole, session.held_blocks(sole)))
+            # alone only when its tables hold every block in use: blocks vLLM holds back for a freed request
+            # (`Scheduler.deferred_frees`, with a consumer connector and batches in flight) belong to no table
+            held = session.held_blocks(sole)
+            if sum(held) == used:
+                trace.alone.append((step, sole, held))
 
     def _on_forward(self, batch: Batch) -> None:
         rec, event, waiting = self._step

@@ -195,11 +195,12 @@ class Trace:
     # (step, free count the pool reports, unreferenced blocks, blocks with a negative count) after each step
     # (pools over harness.POOL_WALK_EVERY_STEP blocks: every 8th step), and at the end of a run that ended
     pool: list[tuple[int, int, int, int]] = field(default_factory=list)
-    # (step, the one request holding blocks after the step, its blocks per group); steps with one holder only
+    # (step, the one request holding blocks after the step, its blocks per group); steps where its tables hold
+    # every block in use only (no other request's, none vLLM holds back as a deferred free)
     alone: list[tuple[int, str, tuple[int, ...]]] = field(default_factory=list)
     # requests still holding blocks when the run ended with nothing left to do (the pool is quiescent)
     held_at_end: list[str] = field(default_factory=list)
-    peak_blocks: int = 0  # the most blocks in use (not free) after any step
+    peak_blocks: int = 0  # the most blocks in use (not free, the null block not counted) after any step
     # the KV connector's work beyond one-step loads (EngineConfig.connector_* knobs), in order:
     # (step, "save" | "sent" | "recv-done" | "load-fail", request, detail)
     connector_events: list[tuple[int, str, str, str]] = field(default_factory=list)

@@ -86,3 +86,6 @@ def test_missed_hit_rule_on_a_built_trace():
     t = _trace(0)
     t.group_block_sizes = (64, 16)  # attention's full blocks stop short of the checkpoint: no bound
     assert resources.check_missed_hits(t) is None
+    t = _trace(0)  # r0's first 36 tokens came from the connector: its checkpoint at 32 was never computed
+    t.steps[0].admissions = [Admission("r0", 0, 36, True)]
+    assert resources.check_missed_hits(t) is None
