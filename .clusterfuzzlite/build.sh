@@ -36,7 +36,7 @@ PY
     grep -E "^Done [0-9]+ runs" "$OUT/${name}.dryrun.log"
     rm -rf "$work"
   else
-    compile_python_fuzzer "$fuzzer" --collect-all vllm --collect-all fuzz --add-data mambafuzz/tiny_model:mambafuzz/tiny_model
+    compile_python_fuzzer "$fuzzer" --collect-all vllm --collect-all mambafuzz --add-data mambafuzz/tiny_model:mambafuzz/tiny_model
   fi
 done
 echo "build.sh: ok ($OUT)"
