@@ -46,8 +46,11 @@ INTERRUPTED = {130, -2, -9, -15, 137, 143}
 LOCK = threading.Lock()  # patching vLLM is process-wide: one replay at a time
 
 
-def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: float, keep: str | None) -> dict:
-    """One campaign from an empty corpus against the mutant, stopped at the first finding."""
+def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: float, keep: str | None,
+             base: str | None = None) -> dict:
+    """One campaign from an empty corpus against the mutant, stopped at the first finding; with
+    `base` (PR mode, `fuzz --base`) at the first finding its base does not show, so it goes on past
+    unmodified vLLM's own findings, and the efficiency gate judges every input too."""
     row: dict = {"killed": False}
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, MAMBAFUZZ_MUTANT=mutant_id)
@@ -55,7 +58,8 @@ def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: f
         proc = subprocess.run(
             [sys.executable, "-m", "mambafuzz.cli", "fuzz", "--split", "fixed", "--generator", generator,
              "--max-time", str(max_time), "--stop-on-first", "--seeds", "--quiet", "--known", *KNOWN,
-             "--corpus", f"{tmp}/corpus", "--findings", f"{tmp}/findings", "--minimize-budget", str(minimize_budget)],
+             "--corpus", f"{tmp}/corpus", "--findings", f"{tmp}/findings", "--minimize-budget", str(minimize_budget),
+             *(["--base", base] if base else [])],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=max_time + 600)
         row["wall"] = round(time.monotonic() - start, 1)
         if proc.returncode in INTERRUPTED:
@@ -74,7 +78,10 @@ def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: f
 
         case = load_case(files[0])
         with LOCK:
-            ok, why = confirms_kill(case.scenario, "fixed", mutant_id, meta["signature"])
+            if meta["signature"].startswith(EFFICIENCY_GATE):
+                ok, why = confirms_regression(case.scenario, mutant_id, meta["signature"])
+            else:
+                ok, why = confirms_kill(case.scenario, "fixed", mutant_id, meta["signature"])
             hidden = hidden_by_known_fixes(case.scenario, mutant_id) if ok else None
         status = "killed" if ok else "unconfirmed"
         if keep:
@@ -83,6 +90,24 @@ def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: f
             kept.write_text(files[0].read_text())
             row["finding"] = str(kept)
         return {**row, "killed": ok, "status": status, "why": why, "hidden_by_known_fixes": hidden}
+
+
+EFFICIENCY_GATE = "efficiency_regression:"
+
+
+def confirms_regression(scenario, mutant_id: str, signature: str) -> tuple[bool, str]:
+    """An efficiency-gate finding kills the mutant when the mutant's figures are worse than the
+    unmutated vLLM's on the case in exactly the figures the signature names (both replayed here)."""
+    from mambafuzz.search import efficiency_gate, mutants
+    from mambafuzz.sim import patching
+
+    theirs = efficiency_gate.figures_of(scenario, "fixed")
+    with patching.applied(mutants.patches(mutant_id)):
+        ours = efficiency_gate.figures_of(scenario, "fixed")
+    gap = efficiency_gate.regression(ours, theirs)
+    if gap is not None and gap.signature == signature:
+        return True, gap.message
+    return False, f"replayed: {gap.signature if gap else 'no regression'} (filed {signature})"
 
 
 def hidden_by_known_fixes(scenario, mutant_id: str) -> bool | None:
@@ -253,6 +278,8 @@ def main() -> int:
     p.add_argument("--shard", default="1/1", help="K/N: run the mutants whose index mod N is K-1")
     p.add_argument("--jsonl", metavar="OUT", help="append a line per mutant; resume from what is there")
     p.add_argument("--keep", metavar="DIR", help="copy each campaign's first finding here")
+    p.add_argument("--base", metavar="VLLM", help="PR mode (`fuzz --base VLLM`, e.g. installed): stop at the first "
+                   "finding the base does not show, with the efficiency gate on (not with --fork-server)")
     p.add_argument("--replay-survivors", nargs="+", metavar="DIR",
                    help="replay every case under DIRs against each survivor in --jsonl (no campaigns)")
     p.add_argument("--evidence", metavar="OUT", help="with --replay-survivors: also write the evidence per survivor as JSON")
@@ -315,6 +342,9 @@ def main() -> int:
         if args.evidence:
             Path(args.evidence).write_text(json.dumps(evidence, indent=1))
         return 0
+    if args.fork_server and args.base:
+        print("mutation_run: --base runs each campaign as `fuzz --base`; the fork server does not", file=sys.stderr)
+        return 2
     if args.fork_server and args.generator != "random":
         print("mutation_run: --fork-server runs generators with their own loop only (random); libFuzzer "
               "re-executes its target", file=sys.stderr)
@@ -348,7 +378,8 @@ def main() -> int:
                     record({**base(by_id[mutant_id]), **r})
             else:
                 def run(m):
-                    return {**base(m), **campaign(m.id, args.generator, args.max_time, args.minimize_budget, args.keep)}
+                    return {**base(m), **campaign(m.id, args.generator, args.max_time, args.minimize_budget, args.keep,
+                                                  args.base), **({"base": args.base} if args.base else {})}
                 with ThreadPoolExecutor(args.parallel) as pool:
                     for r in pool.map(run, todo):
                         if r["status"] != "interrupted":

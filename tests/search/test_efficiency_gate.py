@@ -78,3 +78,17 @@ def test_allow_efficiency_needs_a_base(capsys):
     assert main(["fuzz", "--allow-efficiency", "hits", "--max-time", "1"]) == 2
     err = capsys.readouterr().err
     assert "--allow-efficiency" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_mutation_run_confirms_a_gate_kill_by_replaying_both_sides():
+    """bench/mutation_run.py --base: an efficiency_regression kills a mutant only when replaying the
+    case with and without it gives exactly the filed figures."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import mutation_run
+
+    ok, why = mutation_run.confirms_regression(RESEND, "resource_prompt_checkpoint_evicted",
+                                               "efficiency_regression:hits+steps")
+    assert ok and "here vs" in why
+    ok, why = mutation_run.confirms_regression(RESEND, "resource_prompt_checkpoint_evicted",
+                                               "efficiency_regression:blocks")
+    assert not ok and "filed efficiency_regression:blocks" in why
