@@ -203,7 +203,7 @@ def _pool(trace: Trace, nocache: bool) -> Finding | None:
         if negative:
             return PoolAccounting(f"{prefix}step {step}: {negative} block(s) have a negative reference count",
                                   location=f"{tag}negative-ref-count", step=step)
-        if free != unreferenced or free > trace.num_blocks - 1:
+        if free != unreferenced:  # unreferenced never counts the null block, so it is at most num_blocks - 1
             return PoolAccounting(
                 f"{prefix}step {step}: the pool reports {free} free blocks but {unreferenced} of its "
                 f"{trace.num_blocks - 1} usable blocks have no reference",

@@ -177,17 +177,15 @@ def _repro_one(args: argparse.Namespace, path: str, patches, base) -> int:
     from mambafuzz.store import corpus
     from mambafuzz.store.report import describe, step_table, trace_digest
 
-    worst = EXIT_CLEAN
     try:
         case = _load_raw_input(path, args.decoder) if args.raw else corpus.load_case(path)
     except corpus.CaseError as exc:
         hint = "; a fuzzing corpus input? add --raw" if isinstance(exc, corpus.NotJsonText) else ""
         print(f"mambafuzz: {exc}{hint}", file=sys.stderr)
-        worst = EXIT_USAGE
-        return worst
+        return EXIT_USAGE
     if args.print_scenario:
         print(case.scenario.dumps(), end="")
-        return worst
+        return EXIT_CLEAN
     scenario = with_scheduling(case.scenario, args.scheduling)
     try:
         if base is not None:
@@ -199,8 +197,8 @@ def _repro_one(args: argparse.Namespace, path: str, patches, base) -> int:
             theirs = base.figures_end() if base is not None else None
     except ScenarioError as exc:
         print(f"mambafuzz: {path}: {'; '.join(exc.problems)}", file=sys.stderr)
-        worst = EXIT_USAGE
-        return worst
+        return EXIT_USAGE
+    worst = EXIT_CLEAN
     against = None
     if base is not None:
         from mambafuzz.search import efficiency_gate
@@ -209,7 +207,7 @@ def _repro_one(args: argparse.Namespace, path: str, patches, base) -> int:
         gap = None if theirs is None else efficiency_gate.regression(ours, theirs)
         against = {"where": base.where, "figures": ours, "base_figures": theirs,
                    "signature": None if gap is None else gap.signature, "message": None if gap is None else gap.message}
-        if gap is not None and worst == EXIT_CLEAN:
+        if gap is not None:
             worst = EXIT_FOUND
     # a patched vLLM is not the one `expected` describes
     expected = None if patches or args.scheduling else corpus.expected_for(case.expected, args.split, ev.trace.runner)
@@ -236,9 +234,7 @@ def _repro_one(args: argparse.Namespace, path: str, patches, base) -> int:
                      f"no efficiency regression ({', '.join(f'{k} {v}' for k, v in against['figures'].items())})"))
             if against["signature"]:
                 print(f"  signature: {against['signature']}")
-    if not ev.verdict.clean and worst == EXIT_CLEAN:
-        worst = EXIT_FOUND
-    return worst
+    return EXIT_FOUND if not ev.verdict.clean else worst
 
 
 def _load_raw_input(path: str, decoder: str = "bytes"):

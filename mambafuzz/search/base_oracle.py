@@ -118,15 +118,22 @@ class BaseOracle:
             self.proc.wait(timeout=30)
 
 
+def cached_run(scenario, split: str, patches=()):
+    """`scenario`'s cached run (its own runner) under `split` and `patches`: what the base runs for
+    `observe` and `figures`, so both sides of a comparison are computed alike."""
+    from mambafuzz.model.scenario import with_runner
+    from mambafuzz.sim import harness, patching, splits
+
+    with patching.applied(patches):
+        return harness.run(with_runner(scenario, None), splits.resolve(split), split)
+
+
 def observe(scenario, split: str, patches=()) -> dict:
     """What `scenario`'s cached run shows under `split` (and `patches`), as the base answers
     `observe`: the two sides of a divergence key are computed alike."""
-    from mambafuzz.model.scenario import with_runner
-    from mambafuzz.sim import harness, patching, splits
     from mambafuzz.sim.divergence import observed
 
-    with patching.applied(patches):
-        return observed(harness.run(with_runner(scenario, None), splits.resolve(split), split))
+    return observed(cached_run(scenario, split, patches))
 
 
 def divergence_keys(found: list, split: str, patches, base: BaseOracle) -> dict:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from mambafuzz.checks.pipeline import Judge, evaluate
 from mambafuzz.findings import Violation
-from mambafuzz.model.scenario import Scenario, with_runner
+from mambafuzz.model.scenario import Scenario
 from mambafuzz.sim.trace import Trace
 
 KIND = "efficiency_regression"
@@ -36,9 +36,9 @@ def figures(trace: Trace) -> dict[str, int]:
 
 def figures_of(scenario: Scenario, split: str) -> dict[str, int]:
     """`scenario`'s figures under `split` in this process's vLLM: what the base answers."""
-    from mambafuzz.sim import harness, splits
+    from mambafuzz.search.base_oracle import cached_run
 
-    return figures(harness.run(with_runner(scenario, None), splits.resolve(split), split))
+    return figures(cached_run(scenario, split))
 
 
 def check_allowed(names: Iterable[str]) -> frozenset[str]:

@@ -364,8 +364,11 @@ class _Runner:
         # The pool's accounting walks every block: each step on pools of up to POOL_WALK_EVERY_STEP blocks
         # (the generators' pools, mostly), every 8th step and at the end (`run`) on larger ones
         if trace.num_blocks <= POOL_WALK_EVERY_STEP or not step % 8:
-            trace.pool.append((step, *session.pool_counts()))
-        free = session.num_free_blocks()
+            counts = session.pool_counts()
+            trace.pool.append((step, *counts))
+            free = counts[0]
+        else:
+            free = session.num_free_blocks()
         used = trace.num_blocks - 1 - free  # the null block is never free, and holds nothing
         if used > trace.peak_blocks:
             trace.peak_blocks = used

@@ -341,11 +341,8 @@ class SchedulerSession:
         external tokens); without it vLLM runs with no connector, as most deployments do."""
         vc = _checked_config(engine, max_model_len, connector)
         vc.cache_config.num_gpu_blocks = num_blocks
-        # The scheduler and its KV-cache manager cap slots and rows at the model's max_model_len; the
-        # configs share one ModelConfig (16384), so each scheduler gets its own copy at the engine's.
-        vc = copy.copy(vc)
-        vc.model_config = copy.copy(vc.model_config)
-        vc.model_config.max_model_len = max_model_len
+        # The scheduler and its KV-cache manager cap slots and rows at the model's max_model_len
+        vc = at_max_model_len(vc, max_model_len)
         try:
             kv_cache_config = kv_cache_config_for(engine, num_blocks, max_model_len)
         except features.FeatureAbsent as exc:
@@ -398,7 +395,6 @@ class SchedulerSession:
         self.lru_evictions: list[int] | None = [0] if (
             hasattr(queue, "fake_free_list_head") and hasattr(self.block_pool, "cached_block_hashes_by_block")) else None
         self._watch_reuse()
-        self.num_blocks = num_blocks
         self.startup_min_blocks, self.group_reserves = startup_budget(vc, kv_cache_config.kv_cache_groups, max_model_len)
         self.group_kinds = tuple("mamba" if isinstance(m, MambaManager) else type(m.kv_cache_spec).__name__
                                  for m in managers)
@@ -697,6 +693,17 @@ def startup_min_blocks(e: EngineConfig, max_model_len: int) -> int:
     return startup_budget(_checked_config(e, max_model_len, False), kv_cache_config.kv_cache_groups, max_model_len)[0]
 
 
+def at_max_model_len(vc: VllmConfig, max_model_len: int) -> VllmConfig:
+    """`vc` with its own ModelConfig at `max_model_len`: the bridge's configs share one (built once,
+    max_model_len 16384), and vLLM's scheduler, KV-cache manager and start-up check read the length."""
+    if vc.model_config.max_model_len == max_model_len:
+        return vc
+    sized = copy.copy(vc)
+    sized.model_config = copy.copy(vc.model_config)
+    sized.model_config.max_model_len = max_model_len
+    return sized
+
+
 def startup_budget(vc: VllmConfig, groups: typing.Sequence[KVCacheGroupSpec], max_model_len: int
                    ) -> tuple[int, tuple[int, ...]]:
     """What vLLM's start-up check promises for `groups`: the smallest pool it starts with
@@ -704,10 +711,7 @@ def startup_budget(vc: VllmConfig, groups: typing.Sequence[KVCacheGroupSpec], ma
     `max_model_len` tokens (each group's spec's `max_memory_usage_bytes` over its page size:
     cdiv(max_model_len, block_size) for attention, 2 + speculative + checkpoint blocks for mamba in
     align mode), the capacity a request alone may hold."""
-    # The bridge's configs share one ModelConfig (max_model_len 16384): the check reads the engine's own.
-    sized = copy.copy(vc)
-    sized.model_config = copy.copy(sized.model_config)
-    sized.model_config.max_model_len = max_model_len
+    sized = at_max_model_len(vc, max_model_len)  # the check reads the engine's own
     specs = [g.kv_cache_spec for g in groups for _ in g.layer_names]
     need = max_memory_usage_bytes(sized, specs)
     per_block = max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)

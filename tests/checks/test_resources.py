@@ -48,20 +48,17 @@ def test_a_resend_is_clean_on_vllm_and_a_missed_hit_with_the_prompt_checkpoint_e
     assert found and found[0] == "missed_hit:below-prompt-checkpoint", found
 
 
-def test_a_state_block_freed_late_breaks_the_capacity_contract():
-    s = scenario({"mamba_block_size": 32, "attn_block_size": 32, "max_num_batched_tokens": 32},
-                 [{"unique_len": 200, "max_tokens": 4}])
+@pytest.mark.parametrize("engine, request_spec, mutant, signature", [
+    ({"max_num_batched_tokens": 32}, {"unique_len": 200, "max_tokens": 4},
+     "resource_state_freed_late", "capacity:held-over-reserve/mamba"),
+    ({"max_num_batched_tokens": 64}, {"unique_len": 90, "max_tokens": 3},
+     "resource_free_count_inflated", "pool_accounting:free-count"),
+], ids=["state-block-freed-late", "free-count-inflated"])
+def test_a_planted_resource_bug_is_found_where_vllm_is_clean(engine, request_spec, mutant, signature):
+    s = scenario({"mamba_block_size": 32, "attn_block_size": 32, **engine}, [request_spec])
     assert kinds(s) == []
-    found = kinds(s, "resource_state_freed_late")
-    assert found and found[0] == "capacity:held-over-reserve/mamba", found
-
-
-def test_an_inflated_free_count_is_a_pool_accounting_finding():
-    s = scenario({"mamba_block_size": 32, "attn_block_size": 32, "max_num_batched_tokens": 64},
-                 [{"unique_len": 90, "max_tokens": 3}])
-    assert kinds(s) == []
-    found = kinds(s, "resource_free_count_inflated")
-    assert found and found[0] == "pool_accounting:free-count", found
+    found = kinds(s, mutant)
+    assert found and found[0] == signature, found
 
 
 def _trace(served: int, evicted_at: int | None = None) -> Trace:

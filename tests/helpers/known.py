@@ -5,19 +5,18 @@ still fails the test."""
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.search.triage import known_signatures
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "corpus" / "upstream"
-_KNOWN = []
 
 
+@cache
 def _known():
-    if not _KNOWN:
-        _KNOWN.append(known_signatures([UPSTREAM], "fixed"))
-    return _KNOWN[0]
+    return known_signatures([UPSTREAM], "fixed")
 
 
 def unexplained(scenario, split: str = "fixed", **evaluate_kw) -> str | None:
