@@ -86,3 +86,28 @@ def test_missed_hit_rule_on_a_built_trace():
     t = _trace(0)  # r0's first 36 tokens came from the connector: its checkpoint at 32 was never computed
     t.steps[0].admissions = [Admission("r0", 0, 36, True)]
     assert resources.check_missed_hits(t) is None
+
+
+def test_lru_evictions_are_counted_as_the_pool_makes_them(monkeypatch):
+    """The bridge counts the cached blocks `get_new_blocks` hands out (it evicts each) before the
+    pool evicts them: the same count as the evictions vLLM's `_maybe_evict_cached_block` reports,
+    and none on a pool large enough to evict nothing."""
+    from vllm.v1.core.block_pool import BlockPool
+
+    from mambafuzz.sim import harness
+
+    reported = []
+    real = BlockPool._maybe_evict_cached_block
+
+    def spy(self, block):
+        evicted = real(self, block)
+        reported.append(evicted)
+        return evicted
+
+    monkeypatch.setattr(BlockPool, "_maybe_evict_cached_block", spy)
+    requests = [{"arrival_step": 10 * i, "unique_len": 150, "max_tokens": 2} for i in range(3)]
+    engine = {"mamba_block_size": 32, "attn_block_size": 32, "max_num_batched_tokens": 64}
+    assert harness.run(scenario(engine, requests)).lru_evictions == {}
+    reported.clear()
+    counted = harness.run(scenario({**engine, "num_gpu_blocks": 20}, requests)).lru_evictions
+    assert counted and sum(counted.values()) == sum(reported) > 0
