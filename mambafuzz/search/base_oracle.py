@@ -10,8 +10,9 @@ line on stdin), its signature under the split out (`{"signature": S}`, null when
 `{"rejected": why}` when the base cannot run the scenario; `{"error": why}` when mambafuzz
 failed on it there). A line `{"observe": scenario}` asks instead what the scenario's cached run
 shows there (`{"observed": ...}`, mambafuzz.sim.divergence), for the findings' divergence keys;
-`{"figures": scenario}` asks for its cached run's resource figures (`{"figures": {...}}`, null
-when the base cannot run it; mambafuzz.search.efficiency_gate), for the efficiency gate.
+`{"figures": scenario}` asks for its cached run's resource figures (`{"figures": {...}}`,
+`Trace.resource_figures`; null when the base cannot run it), for the efficiency gate
+(mambafuzz.search.efficiency_gate).
 
 `where` names the base: `installed` (the vLLM installed in this interpreter's environment, with
 no overlay on PYTHONPATH and no planted mutant) or a directory made by `ci/pr-overlay` (it holds
@@ -83,7 +84,7 @@ class BaseOracle:
         return self._receive()
 
     def figures_begin(self, scenario) -> None:
-        """Ask for `scenario`'s resource figures on the base (mambafuzz.search.efficiency_gate.figures)
+        """Ask for `scenario`'s resource figures on the base (`Trace.resource_figures`)
         and return at once: the base runs it while this process runs its own side."""
         self._send({"figures": json.loads(scenario.dumps())})
 
@@ -163,9 +164,7 @@ def serve(settings: dict) -> int:
         try:
             request = json.loads(line)
             if isinstance(request, dict) and "figures" in request:
-                from mambafuzz.search.efficiency_gate import figures_of
-
-                answer = {"figures": figures_of(loads(json.dumps(request["figures"])), split)}
+                answer = {"figures": cached_run(loads(json.dumps(request["figures"])), split).resource_figures()}
                 sys.stdout.write(json.dumps(answer) + "\n")
                 sys.stdout.flush()
                 continue

@@ -29,9 +29,8 @@ FIGURES: dict[str, tuple[str, bool]] = {
 
 
 def figures(trace: Trace) -> dict[str, int]:
-    """One cached run's resource figures (mambafuzz.sim.trace: `prefix_hit_tokens`, `forward_steps`,
-    `peak_blocks`)."""
-    return {"hits": trace.prefix_hit_tokens, "steps": trace.forward_steps, "blocks": trace.peak_blocks}
+    """One cached run's resource figures (`Trace.resource_figures`, which the base answers too)."""
+    return trace.resource_figures()
 
 
 def figures_of(scenario: Scenario, split: str) -> dict[str, int]:

@@ -204,3 +204,7 @@ class Trace:
     # the KV connector's work beyond one-step loads (EngineConfig.connector_* knobs), in order:
     # (step, "save" | "sent" | "recv-done" | "load-fail", request, detail)
     connector_events: list[tuple[int, str, str, str]] = field(default_factory=list)
+
+    def resource_figures(self) -> dict[str, int]:
+        """The figures PR mode's efficiency gate compares with the base's (mambafuzz.search.efficiency_gate)."""
+        return {"hits": self.prefix_hit_tokens, "steps": self.forward_steps, "blocks": self.peak_blocks}
