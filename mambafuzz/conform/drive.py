@@ -23,6 +23,7 @@ from mambafuzz.model.step_plan import StepPlan
 from mambafuzz.sim import vllm_bridge as vb
 from mambafuzz.sim.constant_worker import ConstantWorker
 from mambafuzz.sim.engine_core import BatchQueue
+from mambafuzz.sim.worker_tables import WorkerTables
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ def _worker_for(runner: str, session: vb.SchedulerSession, num_blocks: int, max_
 def drive(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[ConformStep]:
     """Run `s` through the real scheduler, under the engine core's loop for its scheduling mode
     (mambafuzz.sim.engine_core.BatchQueue); yield one ConformStep per forward that ran rows or dropped requests, with the
-    RowPlans of every runner in `runners` (None: every registered runner). Under async scheduling each row starts
+    RowPlans of every runner in `runners` (None: every registered runner). Each row's table is the one
+    the worker keeps from SchedulerOutput (mambafuzz.sim.worker_tables). Under async scheduling each row starts
     where the worker really is and its placeholder drafts are the worker's own proposals
     (mambafuzz.sim.constant_worker), as in the harness."""
     engine = s.engine
@@ -64,6 +66,7 @@ def drive(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[Confo
     prompts = s.static_prompts()
     queue = BatchQueue(session.batch_queue_depth)
     bare = ConstantWorker(session, s, queue)
+    told = WorkerTables((session.mamba_group,), session.runner)
     for step in range(plan.bound):
         if plan.end(step, session.has_unfinished() or bool(queue)) is not None:
             return
@@ -72,9 +75,10 @@ def drive(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[Confo
 
         def forward(batch, step=step, ran=ran) -> None:
             out = batch.out
+            told.update(out)  # the tables the worker keeps from the messages alone
             rows = tuple(RowInput(r.req_id, r.start, r.num_scheduled, r.num_drafts,
                                   session.request(r.req_id).num_prompt_tokens,
-                                  tuple(session.mamba_block_ids(r.req_id)), r.num_sampled or 1)
+                                  tuple(told.get(r.req_id)[0]), r.num_sampled or 1)
                          for r in bare.forward(batch, step))
             step_input = StepInput(rows, frozenset(out.finished_req_ids), frozenset(out.preempted_req_ids or ()),
                                    frozenset(out.scheduled_cached_reqs.resumed_req_ids or ()))

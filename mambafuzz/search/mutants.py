@@ -211,6 +211,19 @@ def resource_attention_block_extra() -> list[Patch]:
     return [Wrap(f"{STKM}:FullAttentionManager.allocate_new_blocks", make)]
 
 
+@mutant("worker tables: a running request with a partial hit takes the first-allocation path again (CoW in place)")
+def table_first_allocation_rerun() -> list[Patch]:
+    """The request's cache-hit block is swapped for its copy inside a table the worker only
+    appends to (`_apply_cow` on a running request): the scheduler's table and the worker's part."""
+    def make(original):
+        def rerun(self, request_id, num_tokens, num_tokens_main_model):
+            if request_id in self._partial_hit_reqs:
+                self._allocated_block_reqs.discard(request_id)
+            return original(self, request_id, num_tokens, num_tokens_main_model)
+        return rerun
+    return [Wrap(f"{MAMBA}.allocate_new_blocks", make)]
+
+
 @mutant("resources: the block pool reports one free block more than its free queue holds")
 def resource_free_count_inflated() -> list[Patch]:
     def make(original):

@@ -33,6 +33,7 @@ from mambafuzz.sim.state import PrefixStates, next_token
 from mambafuzz.sim.trace import Admission, BatchEvent, Chunk, Crash, SlotWrite, StepRecord, Trace
 from mambafuzz.sim.vllm_compat import VllmUnsupported
 from mambafuzz.sim.worker_mirror import WorkerMirror, accepted_count, extend_truth
+from mambafuzz.sim.worker_tables import UntoldRequest, WorkerTables
 
 
 @dataclass
@@ -103,6 +104,44 @@ ROW_COUNTS_ARE_INTEGERS = "row-counts-are-integers"  # token counts and position
 OFFLOAD_ON_HASH_GRID = "offload-on-hash-grid"
 # schedule() hands the engine core a SchedulerOutput (EngineCore.step passes it to the executor as is)
 SCHEDULE_RETURNS_OUTPUT = "schedule-returns-output"
+# A row uses the blocks SchedulerOutput told the worker (worker_tables.WorkerTables). Where the manager's table
+# holds a different real block at a column the row reads or writes, the scheduler changed a running request's
+# table without telling (vLLM's worker only appends: `_update_states`, gpu_model_runner.py:1417-1428). The
+# manager may null a block without telling: align mode nulls skipped states in place (`remove_skipped_blocks`)
+# and moves scratch blocks to a later column (`_relocate_speculative_block`, single_type_kv_cache_manager.py:
+# 1908-1917, asserting the block is the request's alone and unhashed). A row that writes through such a stale
+# column breaks the rule only when the block is no longer the request's own scratch (free, shared, cached or
+# another's); a read through it is judged by the state oracles, as the kernel model reads the told block.
+ROW_BLOCKS_AS_TOLD = "row-blocks-as-told"
+
+
+def check_told_blocks(rid: str, told: Sequence[list[int]], held: Sequence[list[int]], read_column: int,
+                      writes: Sequence[tuple], rest_reads: Sequence[Any], null_block: int,
+                      own_scratch: Any) -> None:
+    """Raise SchedulerContractError when a column a row read (`read_column`, each other group's in
+    `rest_reads`) or wrote (the first two fields of each of `writes`: column, block) holds another
+    block in the worker's table (`told`) than in the manager's (`held`), by ROW_BLOCKS_AS_TOLD's rule.
+    `own_scratch(rid, block)` says whether the request alone holds the block, unhashed."""
+    for g, (worker, manager) in enumerate(zip(told, held)):
+        if worker == manager:
+            continue
+        written = {w[0] for w in writes}
+        for c in sorted({read_column, *written, *(r.read_column for r in rest_reads)}):
+            if c < 0:
+                continue
+            w = worker[c] if c < len(worker) else None
+            m = manager[c] if c < len(manager) else None
+            if w == m:
+                continue
+            if m == null_block and w is not None:
+                if c not in written or own_scratch(rid, w):
+                    continue
+                why = "which the scheduler nulled there and no longer holds as the request's own scratch block"
+            else:
+                why = "but the scheduler's table holds " + ("no block" if m is None else f"block {m}")
+            raise SchedulerContractError(ROW_BLOCKS_AS_TOLD, (
+                f"{rid}'s row {'writes' if c in written else 'reads'} mamba block-table column {c} (group {g}): "
+                f"the worker was told block {w} (SchedulerOutput), {why}"))
 
 
 def check_row(rid: str, start: int, num_tokens: int, num_drafts: int, request_tokens: int,
@@ -250,7 +289,12 @@ class _Runner:
         models = [KernelModel(geometry, runner=session.runner, mixer=scenario.engine.mixer,
                               first_use=(session.allocated_blocks, session.reused_blocks))
                   for _ in groups]
-        self._tables = session.mamba_tables if len(models) > 1 else lambda rid: (session.mamba_block_ids(rid),)
+        # The kernel models run on the tables the worker was told (WorkerTables, from each SchedulerOutput);
+        # the manager's own tables (`_held`) are read only to hold the blocks a row uses against them
+        self._held = session.mamba_tables if len(models) > 1 else lambda rid: (session.mamba_block_ids(rid),)
+        self.told = WorkerTables(groups, session.runner)
+        self._groups = groups
+        self._null = session.null_block_id
         self.model = models[0]
         self.mirror = WorkerMirror(models, self.spec)
         self.plan = plan
@@ -496,6 +540,10 @@ class _Runner:
         mirror = self.mirror
         for dst, state in mirror.before_forward(out):
             rec.add("writes", SlotWrite("-", -1, dst, state, "cow"))
+        try:
+            self.told.update(out)
+        except UntoldRequest as exc:
+            raise SchedulerContractError(ROW_BLOCKS_AS_TOLD, str(exc)) from None
         preempted = session.preempted(out)
         if preempted:
             rec.preempted = sorted(preempted)
@@ -710,7 +758,10 @@ class _Runner:
             state, rest = saved[1][0], saved[1][1:]  # each mamba group's own saved state
         else:
             state = self.live[rid].truth.at(num_tokens)
-        block = self.mirror.load(self._tables(rid), num_tokens, state, rest)
+        # the connector's worker writes into the blocks the scheduler named to it (update_state_after_alloc,
+        # scheduler.py:1289-1293: the request's whole table then); a request not scheduled yet has no worker table
+        tables = tuple(order.block_ids[g] for g in self._groups) if order is not None else self._held(rid)
+        block = self.mirror.load(tables, num_tokens, state, rest)
         rec.add("writes", SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
 
     def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int], batch: Batch,
@@ -718,9 +769,10 @@ class _Runner:
         live = self.live[rid]
         req, truth = live.req, live.truth
         num_drafts = len(drafts)
-        # schedule() already advanced the count; under async it also counted the previous batch's
-        # drafts as accepted, which the worker corrects (`correction`, BatchQueue.worker_corrections)
-        start = req.num_computed_tokens - n - correction
+        # the row starts where SchedulerOutput says the request's computed tokens end (the worker's
+        # `num_computed_tokens`); under async that counts the previous batch's drafts as accepted,
+        # which the worker corrects (`correction`, BatchQueue.worker_corrections)
+        start = self.told.computed[rid] - correction
         if self.async_mode:
             if drafts:  # placeholders: the worker feeds its drafter's proposals in their place
                 own = live.drafts[:num_drafts]
@@ -729,7 +781,9 @@ class _Runner:
             live.known = req.num_tokens
         known = live.known
         end = start + n - num_drafts  # the row's real tokens end here; its drafts follow
-        tables = self._tables(rid)
+        tables = self.told.get(rid)
+        if tables is None:
+            raise SchedulerContractError(ROW_BLOCKS_AS_TOLD, f"{rid} is scheduled but the worker was never sent it")
         bs = self._state_block_size
         # check_row's four rules as one inline test (the state column + 1 against the table's length), so a
         # clean row costs a few comparisons; a row that fails it goes to check_row, which raises the rule's finding
@@ -740,6 +794,8 @@ class _Runner:
         spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, truth, num_prompt,
                                             live.prefill_len or num_prompt)
         read_column, read_block, read_state, outputs, writes = row
+        check_told_blocks(rid, tables, self._held(rid), read_column, writes,
+                          self.mirror.rest_reads if len(tables) > 1 else (), self._null, self.session.own_scratch)
         if spec_row:
             self.trace.spec_rows.add((rec.step, rid))
         first = live.first_chunk_pending
@@ -773,8 +829,10 @@ class _Runner:
             # next row's placeholders
             live.drafts = self._propose(live, rec.step, live.known) if self.spec and sampled else []
         if self.spec:
-            for col, block, state, cause in self.mirror.postprocess(rid, tables, start, n, num_drafts,
-                                                                    accepted_count(sampled)):
+            post = self.mirror.postprocess(rid, tables, start, n, num_drafts, accepted_count(sampled))
+            if post:
+                check_told_blocks(rid, tables, self._held(rid), -1, post, (), self._null, self.session.own_scratch)
+            for col, block, state, cause in post:
                 recorded.append(SlotWrite(rid, col, block, state, cause))
         return sampled
 

@@ -658,6 +658,15 @@ class SchedulerSession:
             held.append(len(blocks) - sum(map(_IS_NULL, blocks)))
         return tuple(held)
 
+    def own_scratch(self, request_id: str, block_id: int) -> bool:
+        """Whether `block_id` is a block `request_id` alone holds, unhashed, in its mamba tables: one a
+        stale write of its own cannot harm anyone (BlockPool.is_block_writable, the condition
+        MambaManager._relocate_speculative_block asserts before it moves a block to a later column)."""
+        block = self.block_pool.blocks[block_id]
+        if not self.block_pool.is_block_writable(block):
+            return False
+        return any(block in m.req_to_blocks.get(request_id, ()) for m in self._mamba_managers)
+
     @staticmethod
     def mamba_entry(key: bytes, block: KVCacheBlock) -> CachedMambaEntry:
         """One (key, block) pair of `cached_mamba_blocks`, described."""

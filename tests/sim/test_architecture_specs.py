@@ -119,22 +119,25 @@ def test_every_mamba_group_gets_its_own_kernel_model(monkeypatch):
 
 
 def test_a_wrong_read_in_another_mamba_group_is_a_finding(monkeypatch):
-    """Group 2's table of r1 swapped for r0's: only that group starts r1 from a state not its own."""
+    """Group 2's table of r1 swapped for r0's, in the scheduler's tables and in what it tells the worker
+    alike: only that group starts r1 from a state not its own."""
     from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.sim.worker_tables import WorkerTables
 
-    real = vb.SchedulerSession.mamba_tables
-
-    def swapped(self, rid):
-        tables = real(self, rid)
-        other = real(self, "r0" if rid == "r1" else "r1")
-        if rid in ("r0", "r1") and other[0] and tables[0]:
-            return (tables[0], other[1], *tables[2:])
-        return tables
+    def swapping(real):
+        def swapped(self, rid):
+            tables = real(self, rid)
+            other = real(self, "r0" if rid == "r1" else "r1")
+            if rid in ("r0", "r1") and other and tables and other[0] and tables[0]:
+                return (tables[0], other[1], *tables[2:])
+            return tables
+        return swapped
 
     # synchronous: under async scheduling the case also holds the in-flight state block beyond vLLM's
     # start-up reserve (corpus/upstream/async_inflight_state_block_beyond_startup_reserve)
     scenario = with_scheduling(_seed_case("nemotron_h_shared_prefix_hits.json"), "sync")
     assert evaluate(scenario, "fixed").verdict.clean
-    monkeypatch.setattr(vb.SchedulerSession, "mamba_tables", swapped)
+    monkeypatch.setattr(vb.SchedulerSession, "mamba_tables", swapping(vb.SchedulerSession.mamba_tables))
+    monkeypatch.setattr(WorkerTables, "get", swapping(WorkerTables.get))
     verdict = evaluate(scenario, "fixed", differential=False).verdict
     assert not verdict.clean and "mamba KV-cache group 2" in verdict.findings[0].message

@@ -308,14 +308,13 @@ def test_each_rule_of_vllms_row_contract_is_checked_by_name_before_the_harness_u
 
 
 def _short_tables(monkeypatch, rid: str) -> None:
-    """The bridge hands the harness `rid`'s mamba block tables without their last block, in every group:
-    a vLLM that frees (or never allocates) the block the row's state goes to."""
-    from mambafuzz.sim import vllm_bridge as vb
+    """The worker is told `rid`'s mamba block tables without their last block, in every group: a
+    vLLM whose SchedulerOutput leaves out (or never allocates) the block the row's state goes to."""
+    from mambafuzz.sim.worker_tables import WorkerTables
 
-    tables, ids = vb.SchedulerSession.mamba_tables, vb.SchedulerSession.mamba_block_ids
-    monkeypatch.setattr(vb.SchedulerSession, "mamba_tables",
-                        lambda self, r: tuple(t[:-1] if r == rid else t for t in tables(self, r)))
-    monkeypatch.setattr(vb.SchedulerSession, "mamba_block_ids", lambda self, r: ids(self, r)[:-1] if r == rid else ids(self, r))
+    get = WorkerTables.get
+    monkeypatch.setattr(WorkerTables, "get",
+                        lambda self, r: tuple(t[:-1] for t in get(self, r)) if r == rid else get(self, r))
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
@@ -336,8 +335,8 @@ def test_a_row_whose_state_block_is_not_in_its_table_is_a_contract_finding_throu
 @pytest.mark.parametrize("broken", ["count", "computed", "bool"])
 def test_a_row_whose_counts_are_not_ints_is_a_contract_finding_through_a_run(monkeypatch, scheduling, broken):
     """`row-counts-are-integers` through a run: after schedule(), r1's rows have a count divided
-    with `/` (so its start is a float too), or a float num_computed_tokens (a float start, an int
-    count), or a one-token row counted as `True` (an int start, a count that is not an int)."""
+    with `/` (so its start is a float too), or a float num_computed_tokens in what the worker is
+    told (a float start, an int count), or a one-token row counted as `True` (an int start, a count that is not an int)."""
     from mambafuzz.model.scenario import with_scheduling
     from mambafuzz.sim import vllm_bridge as vb
 
@@ -349,8 +348,13 @@ def test_a_row_whose_counts_are_not_ints_is_a_contract_finding_through_a_run(mon
         if "r1" in counts:
             if broken == "count":
                 counts["r1"] /= 1
-            elif broken == "computed":
-                self.request("r1").num_computed_tokens /= 1
+            elif broken == "computed":  # what SchedulerOutput tells the worker, new or cached
+                for new in out.scheduled_new_reqs:
+                    if new.req_id == "r1":
+                        new.num_computed_tokens /= 1
+                cached = out.scheduled_cached_reqs
+                if "r1" in cached.req_ids:
+                    cached.num_computed_tokens[cached.req_ids.index("r1")] /= 1
             elif counts["r1"] == 1:
                 counts["r1"] = True
         return out
