@@ -1,7 +1,7 @@
 """Reports for the CI jobs: pr-fuzz summary (JSON + SARIF), coverage-over-time PNG, and
 per-function coverage figures from a coverage.py JSON report.
 
-    python -m mambafuzz.cli.ci_report summarize FINDINGS_DIR OUT_DIR --split S
+    python -m mambafuzz.cli.ci_report summarize FINDINGS_DIR... OUT_DIR --split S
     python -m mambafuzz.cli.ci_report plot STATS_CSV... --out PNG
     python -m mambafuzz.cli.ci_report functions COVERAGE_JSON
 """
@@ -35,7 +35,9 @@ def _items(directory: Path) -> list[dict]:
                       "message": meta.get("message"), "reproduced": meta.get("reproduced"),
                       "flaky": bool(meta.get("flaky")), "repro": meta.get("repro"),
                       "known": (meta.get("attribution") or {}).get("known") or [],
-                      "base": meta.get("base")})
+                      "base": meta.get("base"),
+                      # the fuzz target whose judge filed it: the PR job runs both (ci/pr-fuzz)
+                      "target": (meta.get("origin") or {}).get("target") or "scheduler"})
     return items
 
 
@@ -55,9 +57,9 @@ def _groups(findings: Path, new: list[dict]) -> list[dict]:
 
 
 def _result(item: dict, level: str, text: str, related: list[dict] = (), one_cause: bool = False) -> dict:
-    out = {"ruleId": item["kind"], "level": level, "message": {"text": text},
+    out = {"ruleId": item["kind"], "level": level, "message": {"text": f"[{item['target']} target] {text}"},
            "locations": [{"physicalLocation": {"artifactLocation": {"uri": item["file"]}}}],
-           "partialFingerprints": {"signature": item["signature"]}}
+           "partialFingerprints": {"signature": item["signature"]}, "properties": {"target": item["target"]}}
     if related:
         out["relatedLocations"] = [{"id": n, "physicalLocation": {"artifactLocation": {"uri": m["path"]}},
                                     "message": {"text": f"{m['fine_signature']} (grouped with the first, {m['why']}"
@@ -66,17 +68,26 @@ def _result(item: dict, level: str, text: str, related: list[dict] = (), one_cau
     return out
 
 
-def summarize(findings: Path, out: Path, split: str) -> dict:
+def summarize(findings: Path | list[Path], out: Path, split: str) -> dict:
     """summary.json and findings.sarif: new findings by group of shared symptoms (one SARIF result per group,
     its other members as related locations), flaky ones, and pre-existing ones (the PR's base
-    shows them too: a SARIF note, labelled by the known fixes, not failing the job)."""
-    items = _items(findings)
+    shows them too: a SARIF note, labelled by the known fixes, not failing the job). Several
+    findings directories (one per fuzz target, as the PR job keeps them) make one summary; each
+    finding says which target filed it."""
+    dirs = [findings] if isinstance(findings, Path) else list(findings)
+    items, pre, groups = [], [], []
+    for d in dirs:
+        here = _items(d)
+        items += here
+        pre += _items(d / PRE_EXISTING)
+        groups += _groups(d, [i for i in here if not i["flaky"]])
     new = [i for i in items if not i["flaky"]]
-    pre = _items(findings / PRE_EXISTING)
-    groups = _groups(findings, new)
     by_file = {i["file"]: i for i in new}
+    targets: dict[str, int] = {}
+    for i in new:
+        targets[i["target"]] = targets.get(i["target"], 0) + 1
     summary = {"split": split, "new_findings": new, "flaky": [i for i in items if i["flaky"]],
-               "groups": groups, "pre_existing": pre}
+               "groups": groups, "pre_existing": pre, "new_by_target": targets}
     atomic_write(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     results = []
     for g in groups:
@@ -152,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("summarize")
-    s.add_argument("findings")
-    s.add_argument("out")
+    s.add_argument("findings", nargs="+", help="findings directories, then the output directory")
     s.add_argument("--split", default="fixed")
     s.add_argument("--job", default="pr-fuzz", help="the CI job named in the one-line result (default pr-fuzz)")
     pl = sub.add_parser("plot")
@@ -163,12 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     fn.add_argument("coverage_json")
     args = p.parse_args(argv)
     if args.cmd == "summarize":
-        summary = summarize(Path(args.findings), Path(args.out), args.split)
+        if len(args.findings) < 2:
+            p.error("summarize: give FINDINGS_DIR... OUT_DIR")
+        *dirs, out = args.findings
+        summary = summarize([Path(d) for d in dirs], Path(out), args.split)
         print(f"{args.job}: {len(summary['new_findings'])} new finding(s) in {len(summary['groups'])} "
               f"group(s), {len(summary['flaky'])} flaky, {len(summary['pre_existing'])} pre-existing")
         for g in summary["groups"]:
             root = next(i for i in summary["new_findings"] if i["file"] == g["root"])
-            print(f"  NEW {root['fine_signature']}: {root['repro']}"
+            print(f"  NEW [{root['target']}] {root['fine_signature']}: {root['repro']}"
                   + (f" (+{len(g['members']) - 1} more in this group)" if len(g["members"]) > 1 else ""))
         for i in summary["pre_existing"]:
             print(f"  pre-existing {i['fine_signature']} [{', '.join(i['known']) or 'no known fix explains it'}]")

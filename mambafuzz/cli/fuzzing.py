@@ -63,7 +63,8 @@ def add_commands(sub) -> None:
                    help="PR mode: judge every violation against this base vLLM, 'installed' (this environment's "
                         "vLLM without PYTHONPATH overlays or a planted mutant) or a directory made by ci/pr-overlay; "
                         "a violation the base shows too is recorded under FINDINGS/pre-existing/, labelled by the "
-                        "known fixes, and is not new; known fixes then label findings and drop none")
+                        "known fixes, and is not new; known fixes then label findings and drop none; with --target "
+                        "conform, a disagreement the base's worker code shows too is the pre-existing one")
     f.add_argument("--allow-efficiency", nargs="+", default=[], metavar="FIGURE", choices=("hits", "steps", "blocks"),
                    help="with --base: figures the efficiency gate lets regress against the base (hits: prefix-hit "
                         "tokens served, steps: forward steps, blocks: peak blocks in use). Without it every input "
@@ -190,8 +191,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if args.base is not None:
         from mambafuzz.search.base_oracle import check_where
 
-        if args.target == "conform":
-            raise _usage("--target conform: --base does not apply (it is about the scheduler target's findings)")
+        if args.target == "conform" and args.allow_efficiency:
+            raise _usage("--target conform: --allow-efficiency does not apply (the efficiency gate judges the "
+                         "scheduler target's runs)")
         base = check_where(args.base)
     elif args.allow_efficiency:
         raise _usage("--allow-efficiency applies only with --base (the gate compares against the base)")
@@ -233,7 +235,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     result = run_campaign(cfg)
     real = [p for p in result.new_files if not p.name.startswith("flaky-")]
     groups = (_group_findings(real, args.split, Path(args.findings), patch_specs, known_fix_dirs,
-                              replay=not result.interrupted, base=base) if real else [])
+                              replay=not result.interrupted, base=base if args.target != "conform" else None)
+              if real else [])
     print(f"\nsummary: {result.execs} executions in {result.seconds:.1f}s, {len(real)} new finding(s)"
           + ((" in 1 group: the PR's one change" if groups[0].get("cause") else
               f" in {len(groups)} group(s) of shared symptoms") if groups else "")

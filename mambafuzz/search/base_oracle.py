@@ -10,6 +10,8 @@ line on stdin), its signature under the split out (`{"signature": S}`, null when
 `{"rejected": why}` when the base cannot run the scenario; `{"error": why}` when mambafuzz
 failed on it there). A line `{"observe": scenario}` asks instead what the scenario's cached run
 shows there (`{"observed": ...}`, mambafuzz.sim.divergence), for the findings' divergence keys;
+With the conform target (`conform_runners`), a scenario's signature is its first disagreement
+between the kernel model and vLLM's worker code there (mambafuzz.conform.target).
 `{"figures": scenario}` asks for its cached run's resource figures (`{"figures": {...}}`,
 `Trace.resource_figures`; null when the base cannot run it), for the efficiency gate
 (mambafuzz.search.efficiency_gate).
@@ -60,9 +62,13 @@ class BaseOracle:
     """The client: starts the base process at once (it imports vLLM while the worker fuzzes) and
     asks it one scenario at a time."""
 
-    def __init__(self, where: str, split: str, known_fix_dirs: list[str] | None = None):
+    def __init__(self, where: str, split: str, known_fix_dirs: list[str] | None = None,
+                 conform_runners: list[str] | None = None):
+        """`conform_runners`: the base judges a scenario as the conform target does on those runners
+        (its first disagreement's signature) instead of by the oracles."""
         self.where = where
-        settings = json.dumps({"split": split, "known_fix_dirs": list(known_fix_dirs or [])})
+        settings = json.dumps({"split": split, "known_fix_dirs": list(known_fix_dirs or []),
+                               "conform_runners": conform_runners})
         self.proc = subprocess.Popen([sys.executable, "-m", "mambafuzz.search.base_oracle", settings],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=base_env(where), text=True, bufsize=1)
@@ -158,8 +164,20 @@ def serve(settings: dict) -> int:
     from mambafuzz.model.scenario import ScenarioError, loads
     from mambafuzz.search.startup import prepare_process
 
-    prepare_process(known_fix_dirs=settings.get("known_fix_dirs", []))  # no planted bug: base_env drops it
+    conform_runners = settings.get("conform_runners")
+    # no planted bug: base_env drops it; the conformance tier needs Triton's CPU shim first
+    prepare_process(known_fix_dirs=settings.get("known_fix_dirs", []), conform=conform_runners is not None)
     split = settings["split"]
+    if conform_runners is not None:
+        from mambafuzz.conform import target as conform_target
+
+        def signature(s):
+            v = conform_target.verdict(s, conform_runners)
+            return None if v is None else v.signature
+    else:
+        def signature(s):
+            verdict = evaluate(s, split, efficiency=False).verdict
+            return None if verdict.clean else verdict.primary.signature
     for line in sys.stdin:
         try:
             request = json.loads(line)
@@ -172,8 +190,7 @@ def serve(settings: dict) -> int:
                 sys.stdout.write(json.dumps({"observed": observe(loads(json.dumps(request["observe"])), split)}) + "\n")
                 sys.stdout.flush()
                 continue
-            verdict = evaluate(loads(line), split, efficiency=False).verdict
-            answer = {"signature": None if verdict.clean else verdict.primary.signature}
+            answer = {"signature": signature(loads(line))}
         except ScenarioError as exc:
             answer = {"rejected": "; ".join(exc.problems)}
         except Exception as exc:  # noqa: BLE001 - the worker counts it as a tool failure on this input

@@ -32,16 +32,22 @@ def patch_changes(patches: list) -> int:
     return sum(len(getattr(p, "edits", ()) or ()) or 1 for p in patches)
 
 
+def differing_files(pr: Path, base: Path) -> list[Path]:
+    """The .py files (relative to the package) that differ between two vLLM package trees; a file
+    on one side only differs."""
+    if pr.resolve() == base.resolve():
+        return []
+    names = {p.relative_to(pr) for p in pr.rglob("*.py")} | {p.relative_to(base) for p in base.rglob("*.py")}
+    return [n for n in sorted(names)
+            if not (base / n).is_file() or not (pr / n).is_file() or (base / n).read_bytes() != (pr / n).read_bytes()]
+
+
 def tree_changes(pr: Path, base: Path) -> int:
     """Changes between two vLLM package trees (their .py files): the hunks of the one file that
     differs, when only one does; otherwise the number of files that differ (a file on one side
     only counts one), a lower bound that is enough to tell one change from several without
     diffing a whole release."""
-    if pr.resolve() == base.resolve():
-        return 0
-    names = {p.relative_to(pr) for p in pr.rglob("*.py")} | {p.relative_to(base) for p in base.rglob("*.py")}
-    differ = [n for n in sorted(names)
-              if not (base / n).is_file() or not (pr / n).is_file() or (base / n).read_bytes() != (pr / n).read_bytes()]
+    differ = differing_files(pr, base)
     if len(differ) != 1:
         return len(differ)
     a, b = base / differ[0], pr / differ[0]
@@ -91,3 +97,58 @@ def one_group(groups: list[dict]) -> list[dict]:
     for g in groups[1:]:
         members += [{**m, "why": "one change" if m["why"] == "root" else m["why"]} for m in g["members"]]
     return [{"root": groups[0]["root"], "members": members, "cause": "the PR's one change against its base"}]
+
+
+# Where the PR job spends its time (ci/pr-fuzz): the scheduler target judges what vLLM's scheduler and
+# KV-cache manager decide; the conform target holds the kernel model against vLLM's worker code (the
+# metadata builders, the mamba state copies, V2's model state), which the scheduler target never calls.
+# A path under WORKER_PATHS is worker code (the package-relative prefixes); any other change is the
+# scheduler's side.
+WORKER_PATHS = ("v1/worker/", "model_executor/layers/mamba/", "v1/attention/backends/")
+# The conform target's share of the time: the PR changes worker code only, both sides (or the
+# change cannot be told), the scheduler's side only.
+CONFORM_SHARE = {"worker": 0.8, "both": 0.4, "scheduler": 0.15}
+
+
+def changed_paths(where: str) -> list[str] | None:
+    """The package-relative paths the PR's vLLM (tree and planted bug) changes against the base
+    `where`; None when the base's tree cannot be found."""
+    import importlib.util
+
+    from mambafuzz.search import mutants
+    from mambafuzz.search.startup import MUTANT_ENV
+
+    name = os.environ.get(MUTANT_ENV)
+    planted = [p.target.partition(":")[0].removeprefix("vllm.").replace(".", "/") + ".py"
+               for p in (mutants.patches(name) if name else ())]
+    here = Path(importlib.util.find_spec("vllm").origin).parent
+    base = base_package_dir(where)
+    return None if base is None else planted + [str(n) for n in differing_files(here, base)]
+
+
+def time_split(paths: list[str] | None, seconds: int) -> tuple[int, int, str]:
+    """(scheduler seconds, conform seconds, why) for a PR changing `paths` (None: unknown)."""
+    if paths is None:
+        side = "both"
+        why = "the base's tree cannot be found"
+    else:
+        worker = [p for p in paths if p.startswith(WORKER_PATHS)]
+        side = "both" if not paths else "worker" if len(worker) == len(paths) else "scheduler" if not worker else "both"
+        why = (f"{len(worker)} of {len(paths)} changed file(s) are worker code" if paths
+               else "nothing differs from the base")
+    conform = round(seconds * CONFORM_SHARE[side])
+    return seconds - conform, conform, f"{side}: {why}"
+
+
+def main(argv: list[str]) -> int:
+    """`python -m mambafuzz.search.pr_change split BASE SECONDS`: one line, `SCHED CONFORM WHY`."""
+    if len(argv) != 3 or argv[0] != "split" or not argv[2].isdigit():
+        print("usage: python -m mambafuzz.search.pr_change split BASE SECONDS", file=sys.stderr)
+        return 2
+    sched, conform, why = time_split(changed_paths(argv[1]), int(argv[2]))
+    print(sched, conform, why)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -45,6 +45,11 @@ class Runtime:
             # No known bugs: they are the oracles' business, and attributed by replaying those.
             self.triage = Triage(store, config.split, conform_target.judge(runners, config.patches), known_bugs=[],
                                  minimize_budget=config.minimize_budget, announce=False)
+            if config.base:  # PR mode: a disagreement the base's worker code shows too is pre-existing
+                from mambafuzz.search.base_oracle import BaseOracle
+
+                base = BaseOracle(config.base, config.split, config.known_fix_dirs, conform_runners=list(runners))
+                self.triage.base, self.triage.base_label = base.signature_of, config.base
         else:
             known = known_signatures([Path(d) for d in config.known_dirs], config.split, config.runner)
             self.triage = Triage(store, config.split, oracle_judge(config.split), known=known,

@@ -92,3 +92,25 @@ def test_the_mutation_run_confirms_a_gate_kill_by_replaying_both_sides():
     ok, why = mutation_run.confirms_regression(RESEND, "resource_prompt_checkpoint_evicted",
                                                "efficiency_regression:blocks")
     assert not ok and "filed efficiency_regression:blocks" in why
+
+
+def test_the_base_process_judges_as_the_conform_target_when_asked():
+    """PR mode for the conform target: the base answers a scenario's first disagreement between
+    the kernel model and its vLLM's worker code, as this process computes it."""
+    from mambafuzz.conform import target as conform_target
+    from mambafuzz.model.scenario import loads
+
+    # the oracles find a capacity behaviour of vLLM 0.32 here; the worker code agrees with the kernel model
+    case = Path(__file__).resolve().parents[2] / "corpus/upstream/async_inflight_state_block_beyond_startup_reserve"
+    s = loads((case / "async_inflight_state_block_beyond_startup_reserve.json").read_text())
+    mine = conform_target.verdict(s, ["v1"])
+    base = BaseOracle("installed", "fixed", conform_runners=["v1"])
+    try:
+        assert base.signature_of(s) == (None if mine is None else mine.signature)
+    finally:
+        base.close()
+    scheduler_base = BaseOracle("installed", "fixed")
+    try:
+        assert scheduler_base.signature_of(s).startswith("capacity:")
+    finally:
+        scheduler_base.close()

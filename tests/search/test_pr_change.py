@@ -63,3 +63,28 @@ def test_a_base_whose_tree_cannot_be_found_concludes_nothing(monkeypatch):
     monkeypatch.setattr(pr_change, "base_package_dir", lambda where: None)
     monkeypatch.setenv(MUTANT_ENV, "mm:MambaManager.pop_blocks_for_free:19")
     assert pr_change.changes_against("installed") == pr_change.MANY
+
+
+def test_the_time_goes_mostly_where_the_pr_changes_code():
+    worker = ["v1/worker/gpu_model_runner.py", "model_executor/layers/mamba/mamba_utils.py"]
+    scheduler = ["v1/core/sched/scheduler.py"]
+    sched, conform, why = pr_change.time_split(worker, 100)
+    assert (sched, conform) == (20, 80) and why.startswith("worker")
+    assert pr_change.time_split(scheduler, 100)[:2] == (85, 15)
+    assert pr_change.time_split(worker + scheduler, 100)[:2] == (60, 40)
+    assert pr_change.time_split(None, 100)[:2] == (60, 40)  # the base's tree cannot be found
+    assert pr_change.time_split([], 100)[:2] == (60, 40)  # nothing differs: no side to favour
+
+
+def test_a_planted_mutant_names_the_file_it_changes(monkeypatch):
+    monkeypatch.setenv(MUTANT_ENV, "table_first_allocation_rerun")
+    assert pr_change.changed_paths("installed") == ["v1/core/single_type_kv_cache_manager.py"]
+    monkeypatch.setattr(pr_change, "base_package_dir", lambda where: None)
+    assert pr_change.changed_paths("installed") is None
+
+
+def test_the_split_command_prints_one_line(capsys):
+    assert pr_change.main(["split", "installed", "60"]) == 0
+    sched, conform, why = capsys.readouterr().out.split(" ", 2)
+    assert int(sched) + int(conform) == 60 and why.strip()
+    assert pr_change.main(["split", "installed"]) == 2

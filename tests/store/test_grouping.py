@@ -109,3 +109,15 @@ def test_planted_bugs_with_one_symptom_stay_apart_and_one_bugs_findings_join():
     assert [[m["path"].rsplit("/", 1)[1] for m in g["members"]] for g in groups] == [
         ["skip_a.json", "skip_b.json"], ["realign.json"]]
     assert len(grouping.group(found, None)) == 1  # the symptom rule alone joins the two bugs
+
+
+def test_the_pr_jobs_two_targets_make_one_summary_that_names_each_findings_target(tmp_path):
+    d, paths = _findings(tmp_path)
+    grouping.write(d, grouping.group(grouping.members(paths), replay))
+    conform = tmp_path / "conform-findings"
+    _file(conform, "f", "conform:read/gdn@v2", "conform:read/gdn@v2", 6, origin={"target": "conform"})
+    summary = ci_report.summarize([d, conform], tmp_path, "fixed")
+    assert summary["new_by_target"] == {"scheduler": 4, "conform": 1} and len(summary["groups"]) == 3
+    results = json.loads((tmp_path / "findings.sarif").read_text())["runs"][0]["results"]
+    assert [r["properties"]["target"] for r in results] == ["scheduler", "scheduler", "conform", "scheduler"]
+    assert results[2]["message"]["text"].startswith("[conform target] ")
