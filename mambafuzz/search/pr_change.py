@@ -72,19 +72,24 @@ def base_package_dir(where: str) -> Path | None:
     return Path(origin).parent if out.returncode == 0 and origin else None
 
 
-def changes_against(where: str) -> int:
-    """The changes between this process's vLLM (tree and planted bug) and the base `where`;
-    MANY when the base's tree cannot be found (then nothing is concluded)."""
+def _pr_against(where: str) -> tuple[list, Path, Path | None]:
+    """The PR's side against the base `where`: the planted bug's patches (MAMBAFUZZ_MUTANT), the
+    vLLM tree this process imports, and the base's tree (None when it cannot be found)."""
     import importlib.util
 
     from mambafuzz.search import mutants
     from mambafuzz.search.startup import MUTANT_ENV
 
     name = os.environ.get(MUTANT_ENV)
-    planted = patch_changes(mutants.patches(name)) if name else 0
-    here = Path(importlib.util.find_spec("vllm").origin).parent  # the tree this process imports
-    base = base_package_dir(where)
-    return MANY if base is None else planted + tree_changes(here, base)
+    planted = list(mutants.patches(name)) if name else []
+    return planted, Path(importlib.util.find_spec("vllm").origin).parent, base_package_dir(where)
+
+
+def changes_against(where: str) -> int:
+    """The changes between this process's vLLM (tree and planted bug) and the base `where`;
+    MANY when the base's tree cannot be found (then nothing is concluded)."""
+    planted, here, base = _pr_against(where)
+    return MANY if base is None else patch_changes(planted) + tree_changes(here, base)
 
 
 def one_group(groups: list[dict]) -> list[dict]:
@@ -113,17 +118,11 @@ CONFORM_SHARE = {"worker": 0.8, "both": 0.4, "scheduler": 0.15}
 def changed_paths(where: str) -> list[str] | None:
     """The package-relative paths the PR's vLLM (tree and planted bug) changes against the base
     `where`; None when the base's tree cannot be found."""
-    import importlib.util
-
-    from mambafuzz.search import mutants
-    from mambafuzz.search.startup import MUTANT_ENV
-
-    name = os.environ.get(MUTANT_ENV)
-    planted = [p.target.partition(":")[0].removeprefix("vllm.").replace(".", "/") + ".py"
-               for p in (mutants.patches(name) if name else ())]
-    here = Path(importlib.util.find_spec("vllm").origin).parent
-    base = base_package_dir(where)
-    return None if base is None else planted + [str(n) for n in differing_files(here, base)]
+    planted, here, base = _pr_against(where)
+    if base is None:
+        return None
+    return ([p.target.partition(":")[0].removeprefix("vllm.").replace(".", "/") + ".py" for p in planted]
+            + [str(n) for n in differing_files(here, base)])
 
 
 def time_split(paths: list[str] | None, seconds: int) -> tuple[int, int, str]:

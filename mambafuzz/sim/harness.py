@@ -122,10 +122,12 @@ def check_told_blocks(rid: str, told: Sequence[list[int]], held: Sequence[list[i
     `rest_reads`) or wrote (the first two fields of each of `writes`: column, block) holds another
     block in the worker's table (`told`) than in the manager's (`held`), by ROW_BLOCKS_AS_TOLD's rule.
     `own_scratch(rid, block)` says whether the request alone holds the block, unhashed."""
+    written = None
     for g, (worker, manager) in enumerate(zip(told, held)):
         if worker == manager:
             continue
-        written = {w[0] for w in writes}
+        if written is None:
+            written = {w[0] for w in writes}
         for c in sorted({read_column, *written, *(r.read_column for r in rest_reads)}):
             if c < 0:
                 continue
@@ -794,7 +796,8 @@ class _Runner:
         spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, truth, num_prompt,
                                             live.prefill_len or num_prompt)
         read_column, read_block, read_state, outputs, writes = row
-        check_told_blocks(rid, tables, self._held(rid), read_column, writes,
+        held = self._held(rid)  # the scheduler's tables: they do not change until the next schedule()
+        check_told_blocks(rid, tables, held, read_column, writes,
                           self.mirror.rest_reads if len(tables) > 1 else (), self._null, self.session.own_scratch)
         if spec_row:
             self.trace.spec_rows.add((rec.step, rid))
@@ -831,7 +834,7 @@ class _Runner:
         if self.spec:
             post = self.mirror.postprocess(rid, tables, start, n, num_drafts, accepted_count(sampled))
             if post:
-                check_told_blocks(rid, tables, self._held(rid), -1, post, (), self._null, self.session.own_scratch)
+                check_told_blocks(rid, tables, held, -1, post, (), self._null, self.session.own_scratch)
             for col, block, state, cause in post:
                 recorded.append(SlotWrite(rid, col, block, state, cause))
         return sampled
