@@ -113,6 +113,8 @@ class V1Worker:
             max_blocks=self.max_blocks, num_spec_tokens=self.num_spec,
         )
         self.requests: dict[str, CachedRequestState] = {}
+        # Per row of the step: the first column its copies can land in (`_observe_copies`).
+        self.live_from: dict[str, int] = {}
         self.mamba_state_idx: dict[str, int] = {}
         # MambaBuffers.create as GPUModelRunner._get_mamba_bufs builds them (gpu_model_runner.py:1015)
         self.bufs = mamba_utils.MambaBuffers.create(
@@ -149,6 +151,7 @@ class V1Worker:
         A step without rows only updates the batch, as execute_model returns right after
         _update_states when nothing is scheduled."""
         out = self._scheduler_output(step)
+        self.note_live_columns(step)
         self._sync_batch(step, out)
         if not step.rows:
             return []
@@ -283,10 +286,19 @@ class V1Worker:
             kv_cache_config=self.kv_cache_config, forward_context=self.forward_context,
             mamba_state_copy_funcs=self.copy_funcs))
 
+    def note_live_columns(self, step: StepInput) -> None:
+        """Where each row's copies can land: at or after the column of its last computed token
+        (a pre-copy goes to the running column, a post-copy to the aligned one, neither behind the
+        state the row starts from). Columns before it hold blocks the worker's table still lists
+        but vLLM's manager may have freed and handed to another request (it nulls them without a
+        message: mambafuzz/sim/worker_tables.py), so they must not claim that request's copies."""
+        bs = self.spec.block_size
+        self.live_from = {r.req_id: max(0, (r.num_computed - 1) // bs) for r in step.rows}
+
     def _observe_copies(self, phase, rows: list[str] | None = None) -> dict[str, tuple[tuple[int, int], ...]]:
         """Run `phase` with every block holding its own id; return the copies it made, by request
         (the request among this step's `rows`, default the batch's, whose table holds the
-        destination block)."""
+        destination block in its live columns: `note_live_columns`)."""
         self.state.copy_(torch.arange(self.state.shape[0], dtype=torch.int64).reshape(-1, 1))
         saved = mamba_utils._TEMPORAL_TILES
         if self.temporal_tiles is not None:
@@ -300,7 +312,7 @@ class V1Worker:
         # Only this step's rows own blocks: a request left out of the batch (preempted, or just
         # not scheduled) keeps its state in `requests`, but its freed blocks may now be a row's.
         rows = [rid for rid in self.input_batch.req_ids if rid is not None] if rows is None else rows
-        owner = {b: rid for rid in rows for b in self.requests[rid].block_ids[0] if b > 0}
+        owner = {b: rid for rid in rows for b in self.requests[rid].block_ids[0][self.live_from.get(rid, 0):] if b > 0}
         copies: dict[str, list[tuple[int, int]]] = {}
         for dst in moved:
             copies.setdefault(owner.get(dst, "?"), []).append((int(self.state[dst, 0]), dst))

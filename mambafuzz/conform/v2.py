@@ -105,6 +105,7 @@ class V2Worker:
     def step(self, step: StepInput) -> list[RowPlan]:
         """One step through V2's mamba bookkeeping; a step without rows only frees and adds slots."""
         self._sync_slots(step)
+        self.base.note_live_columns(step)
         if not step.rows:
             return []
         rows = {r.req_id: r for r in step.rows}

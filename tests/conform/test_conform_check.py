@@ -58,6 +58,13 @@ def test_a_copy_into_a_block_a_preempted_request_used_to_hold_is_the_rows_own():
     assert list(conform_check.compare(load_case(case).scenario, ("v1",))) == []
 
 
+def test_a_copy_into_a_block_freed_behind_another_row_is_the_owners():
+    """r0's told table still lists block 10 in a column vLLM's manager freed behind it; the manager
+    gave the block to r1, whose pre-copy into it the driver once credited to r0 (corpus/conformance note)."""
+    case = UPSTREAM.parent / "conformance" / "v1_precopy_into_a_block_freed_behind_another_row.json"
+    assert list(conform_check.compare(load_case(case).scenario)) == []
+
+
 def test_a_preemption_in_a_step_without_rows_is_forgotten_by_the_kernel_model_too():
     """Under two pipeline stages r1 is preempted in a step that schedules no rows and re-admitted
     from 0; vLLM's V2 worker forgets it there, so the compared kernel model must see that step
