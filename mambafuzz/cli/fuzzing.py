@@ -245,6 +245,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
           + (" (interrupted)" if result.interrupted else ""))
     if any(result.modes.values()):
         print("  scheduling: " + ", ".join(f"{n} {mode}" for mode, n in sorted(result.modes.items())))
+    if result.row_classes:
+        _print_row_classes(result.row_classes)
     if groups and groups[0].get("cause"):
         print(f"groups ({groups[0]['cause']}: every new finding needs it, so one root cause; every member kept; "
               f"{Path(args.findings) / GROUPS_FILE}):")
@@ -286,6 +288,20 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             print(f"mambafuzz: {what} (a tool failure, not a clean result)", file=sys.stderr)
             return EXIT_TOOL
     return EXIT_FOUND if real else EXIT_CLEAN
+
+
+def _print_row_classes(counts: dict[str, dict[str, int]]) -> None:
+    """The conform target's row classes: inputs reaching each, per runner, and the classes none reached."""
+    from mambafuzz.conform.row_classes import ALL_CLASSES, ClassCoverage
+
+    cov = ClassCoverage.merged([counts])
+    runners = sorted(cov.inputs)
+    print("  row classes (inputs reaching each; mambafuzz/conform/row_classes.py): " + cov.line())
+    for c in ALL_CLASSES:
+        print(f"    {c:40} " + "  ".join(f"{r} {cov.inputs[r].get(c, 0):>6}" for r in runners))
+    for r in runners:
+        if cov.missing(r):
+            print(f"  not reached on {r}: {', '.join(cov.missing(r))}")
 
 
 def _group_findings(paths: list[Path], split: str, findings: Path, patch_specs: list[str],

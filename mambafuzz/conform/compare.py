@@ -17,16 +17,18 @@ block (id 0) are dropped on vLLM's side, as the mirror drops them.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from mambafuzz.conform import drive as conform_drive
+from mambafuzz.conform.rows import StepInput
 from mambafuzz.model import runners as model_runners
 from mambafuzz.model.scenario import VOCAB_SIZE, EngineConfig, Scenario, ScenarioError, with_runner
 from mambafuzz.sim import vllm_bridge as vb
 from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
 
 MIXERS = ("gdn", "mamba2")
+Observer = Callable[[str, StepInput], object]
 Effect = tuple  # (read block | None, written blocks, pre-copy dsts, post-copy dsts, checkpoint blocks)
 
 
@@ -111,17 +113,18 @@ def _vllm_effect(p, mirror_ckpt: tuple) -> Effect:
             ckpt if p.mixer == "mamba2" else mirror_ckpt)
 
 
-def compare(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[Disagreement]:
+def compare(s: Scenario, runners: tuple[str, ...] | None = None, observe: Observer | None = None) -> Iterator[Disagreement]:
     """Drive `s` through the real scheduler and yield every row where the mirror and vLLM's
     worker code differ, for each runner in `runners` (None: every registered one) and both mixer
     families.  Each runner is held against a scheduler built for it (`with_runner`: vLLM's
     scheduler hands V1 and V2 different outputs, e.g. resumed requests); a runner the scenario
-    cannot run on (pipeline stages are V2's) is skipped, as a campaign on that runner skips it."""
+    cannot run on (pipeline stages are V2's) is skipped, as a campaign on that runner skips it.
+    `observe(runner, step_input)` sees each step compared (the row-class tally)."""
     runners = runners or model_runners.names()
     if len(runners) > 1 or s.engine.runner != runners[0]:
         for runner, own in per_runner(s, runners):
             if own is not None:
-                yield from compare(own, (runner,))
+                yield from compare(own, (runner,), observe)
         return
     original = conform_drive.vb.SchedulerSession
     conform_drive.vb.SchedulerSession = _Recording
@@ -130,7 +133,7 @@ def compare(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[Dis
         first = next(steps, None)  # the session exists once the first step has run
         if first is not None:
             g = _session_geometry(s.engine, _Recording.last)
-            yield from compare_steps(s.engine, g, itertools.chain([first], steps), runners)
+            yield from compare_steps(s.engine, g, itertools.chain([first], steps), runners, observe)
     finally:
         conform_drive.vb.SchedulerSession = original
 
@@ -147,7 +150,7 @@ def per_runner(s: Scenario, runners: Iterable[str]) -> list[tuple[str, Scenario 
 
 
 def compare_steps(e: EngineConfig, g: KernelGeometry, steps: Iterable[conform_drive.ConformStep],
-                  runners: tuple[str, ...] | None = None) -> Iterator[Disagreement]:
+                  runners: tuple[str, ...] | None = None, observe: Observer | None = None) -> Iterator[Disagreement]:
     """The kernel model (geometry `g`) against the RowPlans of `steps`, whether the real
     scheduler made them (`compare`) or a test built them by hand; `runners` as for `compare`."""
     runners = runners or model_runners.names()
@@ -156,6 +159,8 @@ def compare_steps(e: EngineConfig, g: KernelGeometry, steps: Iterable[conform_dr
         si = st.input
         plans = {(p.runner, p.mixer, p.req_id): p for p in st.plans}
         scheduled = {r.req_id for r in si.rows}
+        for runner in runners if observe else ():
+            observe(runner, si)
         for (runner, mixer), km in models.items():
             km.forget_requests(set(si.finished) | set(si.preempted) | set(si.resumed))
             km.begin_step(scheduled)

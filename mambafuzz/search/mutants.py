@@ -233,6 +233,36 @@ def resource_free_count_inflated() -> list[Patch]:
     return [Wrap(f"{POOL}.get_num_free_blocks", make)]
 
 
+# ---- worker code: the metadata builders and V2's model state (the conform target calls them) ----
+GDN_BUILDER = "vllm.v1.attention.backends.gdn_attn:GDNAttentionMetadataBuilder"
+MAMBA_BUILDER = "vllm.v1.attention.backends.mamba_attn:BaseMambaAttentionMetadataBuilder"
+V2_MAMBA_STATE = "vllm.v1.worker.gpu.model_states.mamba_hybrid:MambaHybridModelState"
+
+
+@mutant("worker, gdn_attn.py: a decode row with zero drafts takes the plain decode path (no accepted offset)")
+def worker_gdn_zero_draft_plain_decode() -> list[Patch]:
+    return [Rewrite(f"{GDN_BUILDER}.build", ((
+        "spec_sequence_masks_cpu = num_decode_draft_tokens_cpu >= 0",
+        "spec_sequence_masks_cpu = num_decode_draft_tokens_cpu > 0  # mutant: zero drafts is not spec",
+    ),))]
+
+
+@mutant("worker, mamba_attn.py: a first prompt chunk of one token counts as having prior state (runs as a decode)")
+def worker_mamba_first_token_has_state() -> list[Patch]:
+    return [Rewrite(f"{MAMBA_BUILDER}._compute_common_metadata", ((
+        "has_prior_state = seq_lens_cpu > query_lens_cpu",
+        "has_prior_state = seq_lens_cpu >= query_lens_cpu  # mutant: a first chunk has prior state",
+    ),))]
+
+
+@mutant("worker, V2 mamba_hybrid.py: a padded one-token prompt tail runs as a prefill, not a spec decode")
+def worker_v2_padded_tail_as_prefill() -> list[Patch]:
+    return [Rewrite(f"{V2_MAMBA_STATE}.prepare_attn", ((
+        "is_prefilling_np = is_prefilling_np & ~input_batch.prefill_runs_as_decode_np",
+        "pass  # mutant: the padded tail stays a prefill",
+    ),))]
+
+
 def _rollback_patch(rolled_back: str) -> list[Patch]:
     """update_from_output with `rolled_back` in place of the rollback of rejected drafts."""
     return [Rewrite(f"{SCHED}.update_from_output", ((

@@ -68,6 +68,7 @@ class CampaignResult:
     tool_errors: int = 0  # inputs mambafuzz itself failed on; the campaign went on past each
     pre_existing: list[Path] = field(default_factory=list)  # PR mode: findings its base shows too
     modes: dict[str, int] = field(default_factory=dict)  # executions per scheduling mode (the workers' own counts)
+    row_classes: dict[str, dict[str, int]] = field(default_factory=dict)  # conform: inputs reaching each row class, per runner
 
 
 def worker_config(cfg: CampaignConfig, job: int, deadline: float = 0.0) -> WorkerConfig:
@@ -211,9 +212,17 @@ class Campaign:
         if self.cfg.quiet:
             return
         tool = f"  tool failures {len(self.tool_errors)}" if self.tool_errors else ""
+        classes = self.row_classes()
+        tool += f"  row classes {classes.line()}" if classes.inputs else ""
         print(f"[{elapsed:6.1f}s] execs {execs} ({execs / elapsed:.0f}/s)  cov {cov if cov is not None else '-'}  "
               f"corpus {corp if corp is not None else '-'}  findings {found} (dup hits {dups}){tool}  rss {rss}MB",
               file=self.out, flush=True)
+
+    def row_classes(self):
+        """The conform target's row classes, summed over the workers' last reports."""
+        from mambafuzz.conform.row_classes import ClassCoverage
+
+        return ClassCoverage.merged(w.progress.get("row_classes") for w in self.workers.values())
 
     def problems(self, interrupted: bool) -> list[str]:
         """Why this campaign does not count as having fuzzed: workers that never started, said
@@ -313,7 +322,8 @@ def _run(cfg: CampaignConfig, out: TextIO, workdir: Path) -> CampaignResult:
     return CampaignResult([Path(e["path"]) for e in campaign.filed if e.get("path")], execs, campaign.elapsed(),
                           cov, corp, interrupted, [p.returncode for p in procs], campaign.first_finding, tail,
                           campaign.problems(interrupted), len(campaign.tool_errors),
-                          [Path(e["path"]) for e in campaign.pre_existing if e.get("path")], modes)
+                          [Path(e["path"]) for e in campaign.pre_existing if e.get("path")], modes,
+                          campaign.row_classes().to_json())
 
 
 def finding_meta(path: Path) -> dict:

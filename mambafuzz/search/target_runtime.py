@@ -37,11 +37,16 @@ class Runtime:
         """Runs inputs in a process its entry point prepared (mambafuzz.search.startup.prepare_worker)."""
         self.config = config
         store = FindingStore(Path(config.findings))
+        self.row_classes = None  # conform target: the row classes each input reached (mambafuzz.conform.row_classes)
+        first_judge = None  # the first judgement of each input, when it counts more than triage's re-checks
         if config.target == "conform":
             from mambafuzz.conform import target as conform_target
+            from mambafuzz.conform.row_classes import ClassCoverage
             from mambafuzz.model import runners as model_runners
 
             runners = (config.runner,) if config.runner else model_runners.names()
+            self.row_classes = ClassCoverage()
+            first_judge = conform_target.judge(runners, config.patches, self.row_classes)
             # No known bugs: they are the oracles' business, and attributed by replaying those.
             self.triage = Triage(store, config.split, conform_target.judge(runners, config.patches), known_bugs=[],
                                  minimize_budget=config.minimize_budget, announce=False)
@@ -63,6 +68,7 @@ class Runtime:
                 # every input runs on the base too, and more work than the base's is a finding
                 self.triage.judge = gated_judge(config.split, base, check_allowed(config.efficiency_allowed))
         self.judge = self.triage.judge
+        self.verdict = (first_judge or self.judge).verdict
         self.execs = 0
         self.modes = {"sync": 0, "async": 0}  # executions per scheduling mode (unset counts as vLLM's: async)
         self.rejected = 0
@@ -82,7 +88,7 @@ class Runtime:
         try:
             # every scenario runs on the campaign's runner, so a filed finding replays on it
             scenario = with_scheduling(with_runner(scenario, self.config.runner), self.config.scheduling)
-            violation = self.judge.verdict(scenario)
+            violation = self.verdict(scenario)
             self.execs += 1
             self.modes["sync" if scenario.engine.async_scheduling is False else "async"] += 1
             filed = None
@@ -155,7 +161,8 @@ class Runtime:
         """A `progress` event, or the `done` event when `final`."""
         emit("done" if final else "progress", execs=self.execs, rejected=self.rejected,
              findings=len(self.triage.filed), dups=self.triage.duplicates, modes=self.modes, tool_errors=self.tool_errors,
-             seconds=round(time.monotonic() - self.started, 1), rss_mb=round(current_rss_mb()), **extra)
+             seconds=round(time.monotonic() - self.started, 1), rss_mb=round(current_rss_mb()),
+             **({"row_classes": self.row_classes.to_json()} if self.row_classes is not None else {}), **extra)
 
 
 def current_rss_mb() -> float:
