@@ -60,7 +60,7 @@ def worker_code_of_other_releases_is_unsupported() -> Iterator[None]:
 def cmd_conform(args: argparse.Namespace) -> int:
     from mambafuzz.conform import compare as conform_check
     from mambafuzz.conform import target as conform_target
-    from mambafuzz.model.generate import random_scenario
+    from mambafuzz.model.generate import RandomSource, draw_worker_rows, random_scenario
     from mambafuzz.model.scenario import ScenarioError, validate
     from mambafuzz.sim import patching
     from mambafuzz.sim import vllm_bridge as vb
@@ -103,7 +103,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     start = last = time.monotonic()
     while time.monotonic() - start < args.random:
-        s = random_scenario(rng)
+        s = draw_worker_rows(RandomSource(rng), random_scenario(rng))  # as the conform fuzz target draws
         if validate(s):
             continue
         try:

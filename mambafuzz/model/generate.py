@@ -28,6 +28,7 @@ from mambafuzz.model.scenario import (
     ample_pool_blocks,
     knobs,
     min_pool_blocks,
+    validate,
 )
 
 BASE_BLOCK_SIZES = (8, 16, 32)  # the finest block; mamba blocks are multiples, hash units divisors
@@ -307,3 +308,102 @@ def scenarios():
         return draw_scenario(HypothesisSource(draw))
 
     return _scenarios()
+
+
+def draw_worker_rows(src: Source, scenario: Scenario) -> Scenario:
+    """The conform target's second pass over a drawn scenario: the dimensions that decide which
+    branch vLLM's worker code takes for a row (mambafuzz/conform/row_classes.py) drawn toward
+    their edges, each independently, so rare row classes and pairs of them come up on purpose:
+    - a small block grid (lengths scaled with it), so the edits below stay cheap;
+    - spec decoding (most worker branches are spec rows: drafts, cut drafts, no drafts);
+    - a chunk limit of 1 to k+1 tokens (the scheduler cuts a decode's drafts to fit it);
+    - a token budget of k+1 to a few rows' worth (later rows of a step get fewer drafts);
+    - a max_model_len with less than k+1 tokens of slack (drafts cut near a request's end, after
+      steps that accepted some);
+    - prompt tails of one token after a prefix or a connector load (a one-token chunk with
+      prior state, or a tail the scheduler pads with placeholder drafts);
+    - one-token prompts (a first chunk of one token).
+    Each edit is kept only if the scenario stays a valid config; returns a revised copy (the
+    input is not changed). Every draw is made whether or not its edit is kept."""
+    s = scenario
+    for edit in _ROW_EDGE_EDITS:
+        candidate = edit(src, dataclasses.replace(
+            s, engine=dataclasses.replace(s.engine), acceptance=list(s.acceptance),
+            requests=[dataclasses.replace(r, prefix_ids=list(r.prefix_ids)) for r in s.requests]))
+        if candidate is not None and not validate(candidate):
+            s = candidate
+    return s
+
+
+def _edge_geometry(src: Source, s: Scenario) -> Scenario | None:
+    """The scenario on a small mamba block (8 to 32 tokens), every length scaled with it
+    (mambafuzz.model.geometry): the row classes are those of the same grid, and the edits below
+    that shrink a step to a few tokens then cost tens of steps, not thousands."""
+    from mambafuzz.model.geometry import scaled, smaller_blocks
+
+    options = [b for b in smaller_blocks(s.engine.mamba_block_size) if b <= 32]
+    pick, on = src.int(0, 2), src.int(0, 3) != 0
+    return scaled(s, options[pick % len(options)]) if options and on else None
+
+
+def _edge_spec(src: Source, s: Scenario) -> Scenario | None:
+    e = s.engine
+    k, acceptance = src.int(1, 3), [src.int(0, 3) for _ in range(src.int(1, 4))]
+    if e.uses_spec_decode or not src.bool():  # a model without MTP layers fails validation: edit dropped
+        return None
+    e.spec_method, e.num_speculative_tokens = "mtp", k
+    e.max_num_batched_tokens = max(e.max_num_batched_tokens, k + 1)
+    s.acceptance = [min(a, k) for a in acceptance]
+    return s
+
+
+def _spec_tokens(s: Scenario) -> int:
+    return s.engine.num_speculative_tokens if s.engine.uses_spec_decode else 0
+
+
+def _edge_chunk_limit(src: Source, s: Scenario) -> Scenario | None:
+    k, limit, on = _spec_tokens(s), src.int(1, 4), src.int(0, 2) == 0
+    if not (k and on):
+        return None
+    s.engine.long_prefill_token_threshold = min(limit, k + 1)
+    return s
+
+
+def _edge_budget(src: Source, s: Scenario) -> Scenario | None:
+    e, k = s.engine, _spec_tokens(s)
+    budget, on = (k + 1) * src.int(1, 3) + src.int(0, k), src.int(0, 3) == 0
+    if not on:
+        return None
+    e.max_num_batched_tokens = budget
+    e.max_num_seqs = min(e.max_num_seqs, budget)
+    e.long_prefill_token_threshold = min(e.long_prefill_token_threshold, budget)
+    return s
+
+
+def _edge_prompt_tails(src: Source, s: Scenario) -> Scenario | None:
+    changed = False
+    for i, r in enumerate(s.requests):
+        edge, is_async = src.int(0, 7), src.bool()
+        if edge == 0:
+            r.unique_len = 1  # the prompt's last token after its prefixes
+        elif edge == 1 and s.prompt_len(i) > 1:
+            r.external_tokens, r.external_async = s.prompt_len(i) - 1, is_async
+        elif edge == 2:
+            r.prefix_ids, r.unique_len, r.external_tokens = [], 1, 0  # a one-token prompt
+            r.continues = r.continue_outputs = None
+        else:
+            continue
+        changed = True
+    return s if changed else None
+
+
+def _edge_model_len(src: Source, s: Scenario) -> Scenario | None:
+    k, on = _spec_tokens(s), src.int(0, 2) == 0
+    slack = src.int(0, max(k, 1))
+    if not (k and on):
+        return None
+    s.engine.max_model_len_slack = min(slack, k)
+    return s
+
+
+_ROW_EDGE_EDITS = (_edge_geometry, _edge_spec, _edge_chunk_limit, _edge_budget, _edge_model_len, _edge_prompt_tails)

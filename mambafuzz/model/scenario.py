@@ -138,6 +138,14 @@ class EngineConfig:
     # the knob; it is left out of a scenario file's JSON, so old files round-trip unchanged. Drawn last
     # by the generator (draw_scenario), moved to the default by the minimizer.
     model: str = knob(DEFAULT_MODEL, kind="choice", choices=MODELS, simplest=DEFAULT_MODEL, generate=False)
+    # Tokens between the longest request's last token and `max_model_len` (a deployment's
+    # --max-model-len). None: k+1 (every draft of the last step fits, as before the knob). Smaller,
+    # the scheduler cuts a request's drafts near the end (Scheduler.schedule caps a row at
+    # max_model_len - num_computed_tokens - num_sampled_tokens_per_step), so a decode that accepted
+    # drafts can be followed by one with none. Left out of the JSON when None; drawn by the conform
+    # target's pass (mambafuzz.model.generate.draw_worker_rows).
+    max_model_len_slack: int | None = knob(None, kind="int", lo=0, hi=8, optional=True, simplest=None,
+                                           build_key=False, generate=False)
     # The scenario's KV connector (mambafuzz/sim/connector.py), playing the scheduler side of a
     # saving and loading connector (LMCache, NIXL). Off, it only loads, the true state, within one
     # step: what every file before these knobs ran. None is drawn by the generic generator (a draw
@@ -294,7 +302,8 @@ class Scenario:
 
     def max_model_len(self) -> int:
         longest = max((self.prompt_len(i) + r.max_tokens for i, r in enumerate(self.requests)), default=1)
-        return longest + self.engine.num_speculative_tokens + 1
+        slack = self.engine.max_model_len_slack
+        return longest + (self.engine.num_speculative_tokens + 1 if slack is None else slack)
 
     def size(self) -> tuple[int, int, int]:
         """(requests, last arrival/abort step, total prompt+output tokens): the minimizer's order."""
@@ -327,10 +336,13 @@ class Scenario:
 
 
 def _engine_json(e: EngineConfig) -> dict[str, Any]:
-    """The engine's fields; `model` only when it is not the default (files written before the knob stay byte-identical)."""
+    """The engine's fields; `model` and `max_model_len_slack` only when set (files written before
+    those knobs stay byte-identical)."""
     out = dataclasses.asdict(e)
     if out.get("model") == DEFAULT_MODEL:
         del out["model"]
+    if out.get("max_model_len_slack") is None:
+        out.pop("max_model_len_slack", None)
     return out
 
 

@@ -21,7 +21,7 @@ from mambafuzz.search.worker_protocol import WorkerConfig, emit
 def main() -> int:
     try:
         config = WorkerConfig.from_environment()
-        from mambafuzz.model.generate import random_scenario
+        from mambafuzz.model.generate import RandomSource, draw_worker_rows, random_scenario
         from mambafuzz.model.inputs import decode_input, iter_input_files
         from mambafuzz.model.scenario import validate
         from mambafuzz.search.startup import prepare_worker
@@ -45,7 +45,10 @@ def main() -> int:
         rng = random.Random(config.seed)
         while (not config.runs or runtime.execs < config.runs) and (deadline is None or time.monotonic() < deadline):
             case_seed = rng.getrandbits(63)
-            scenario = random_scenario(random.Random(case_seed))
+            case_rng = random.Random(case_seed)
+            scenario = random_scenario(case_rng)
+            if config.target == "conform":  # the same seed goes on to draw the worker's row edges
+                scenario = draw_worker_rows(RandomSource(case_rng), scenario)
             if validate(scenario):
                 runtime.rejected += 1
                 continue

@@ -14,6 +14,7 @@ parent).  Reports to the `mambafuzz fuzz` supervisor in JSON events (`progress`,
 from __future__ import annotations
 
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,8 @@ from typing import NoReturn
 
 from mambafuzz.checks.pipeline import oracle_judge
 from mambafuzz.exit_codes import EXIT_TOOL, ToolError
-from mambafuzz.model.inputs import decode_input
+from mambafuzz.model.generate import RandomSource, draw_worker_rows
+from mambafuzz.model.inputs import decode_input, decode_json_case
 from mambafuzz.model.scenario import Scenario, ScenarioError, with_runner, with_scheduling
 from mambafuzz.search import generators
 from mambafuzz.search.triage import Filed, Triage, known_signatures
@@ -81,7 +83,14 @@ class Runtime:
         return cls(WorkerConfig.from_environment())
 
     def decode(self, data: bytes) -> Scenario | None:
-        return decode_input(data, generators.get(self.config.generator).decoder)
+        """A raw input as the target runs it: the conform target draws the worker's row edges
+        (mambafuzz.model.generate.draw_worker_rows) on top of a generated scenario, from a PRNG
+        the input's bytes seed, so the same bytes always give the same scenario; a scenario file
+        runs as written."""
+        scenario = decode_input(data, generators.get(self.config.generator).decoder)
+        if scenario is not None and self.config.target == "conform" and decode_json_case(data) is None:
+            scenario = draw_worker_rows(RandomSource(random.Random(data)), scenario)
+        return scenario
 
     def run_scenario(self, scenario: Scenario, origin: dict, raw: bytes | None = None) -> bool:
         """Judge once; file a finding if any.  Returns True when a new finding was filed."""

@@ -189,3 +189,20 @@ def test_each_runner_is_held_against_a_scheduler_built_for_it(monkeypatch, capsy
     path.write_text(staged.dumps())
     assert main(["conform", str(path), "--runner", "v1"]) == 3  # nothing checked: never a pass
     assert "1 not run on v1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name,field", [("v2_mamba2_padded_fresh_prompt_demotes_a_zero_draft_decode.json", "read"),
+                                        ("v2_mamba2_padded_fresh_prompt_demotes_a_cut_draft_decode.json", "writes")])
+def test_a_padded_fresh_prompt_sorted_first_demotes_v2_mamba2_decodes_until_finding_2s_fix(name, field):
+    """Upstream finding 2's trigger seen from another row (corpus/conformance note): on V2 the
+    padded fresh prompt sorts ahead of a cut-draft decode, which Mamba2's builder then runs as a
+    prefill; with finding 2's candidate fix the scenario agrees."""
+    from mambafuzz.conform import target as conform_target
+    from mambafuzz.sim import patching
+
+    s = load_case(UPSTREAM.parent / "conformance" / name).scenario
+    assert conform_target.verdict(s, ("v1",)) is None
+    assert conform_target.verdict(s, ("v2",)).signature == f"conform:{field}/mamba2@v2"
+    fix = UPSTREAM / "spec_pad_one_token_prompt_unzeroed_block" / "fix.py"
+    with patching.applied(patching.load_patches(str(fix))):
+        assert conform_target.verdict(s, ("v2",)) is None

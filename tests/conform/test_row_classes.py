@@ -64,3 +64,18 @@ def test_a_conform_campaign_reports_its_row_classes(tmp_path):
     assert executions(proc.stdout) > 0
     table = proc.stdout.split("row classes (inputs reaching each", 1)[1]
     assert f"  {rc.FIRST_CHUNK} " in table and "v1 " in table
+
+
+def test_a_max_model_len_without_slack_makes_vllm_cut_drafts_near_the_end():
+    """engine.max_model_len_slack: vLLM's scheduler caps a row at max_model_len, so the last
+    steps of the longest request get fewer drafts than the engine proposes."""
+    import dataclasses
+
+    scenario = load_case(ROOT / "corpus" / "seeds" / "mtp_acceptance_cycle.json").scenario
+    reached = {}
+    for slack in (None, 0):
+        cov = rc.ClassCoverage()
+        s = dataclasses.replace(scenario, engine=dataclasses.replace(scenario.engine, max_model_len_slack=slack))
+        assert conform_target.verdict(s, ("v1",), cov) is None
+        reached[slack] = set(cov.inputs["v1"])
+    assert rc.SPEC_DECODE_CUT not in reached[None] and rc.SPEC_DECODE_CUT in reached[0]
