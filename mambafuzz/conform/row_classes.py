@@ -31,7 +31,8 @@ FIRST_CHUNK = "prefill-first-chunk"  # no prior state, several tokens
 FIRST_CHUNK_ONE_TOKEN = "prefill-first-chunk-one-token"  # no prior state, one token
 LATER_CHUNK = "prefill-later-chunk"  # prior state, several tokens
 LATER_CHUNK_ONE_TOKEN = "prefill-later-chunk-one-token"  # prior state, one token: runs as a decode
-PADDED_TAIL = "padded-prompt-tail"  # the prompt's last token plus placeholder drafts
+PADDED_TAIL_FRESH = "padded-prompt-tail-fresh"  # a one-token prompt plus placeholder drafts: a prefill
+PADDED_TAIL_WITH_STATE = "padded-prompt-tail-with-state"  # the last prompt token after computed ones: a spec decode
 DECODE = "decode"  # a decode in an engine without drafts
 SPEC_DECODE_FULL = "spec-decode-all-drafts"  # every draft the engine proposes
 SPEC_DECODE_CUT = "spec-decode-drafts-cut"  # some drafts, fewer than the engine proposes
@@ -42,11 +43,12 @@ BATCH_SPEC_NO_DRAFTS = "batch:spec-engine-no-drafts"  # decodes, none of them dr
 BATCH_ONE_TOKEN_BESIDE_SPEC = "batch:one-token-prefill-beside-spec-rows"  # GDN counts it a prefill, not a decode
 BATCH_PREFILL_AND_DECODE = "batch:prefills-beside-decodes"
 
-ROW_CLASSES = (FIRST_CHUNK, FIRST_CHUNK_ONE_TOKEN, LATER_CHUNK, LATER_CHUNK_ONE_TOKEN, PADDED_TAIL, DECODE,
+ROW_CLASSES = (FIRST_CHUNK, FIRST_CHUNK_ONE_TOKEN, LATER_CHUNK, LATER_CHUNK_ONE_TOKEN, PADDED_TAIL_FRESH,
+               PADDED_TAIL_WITH_STATE, DECODE,
                SPEC_DECODE_FULL, SPEC_DECODE_CUT, ZERO_DRAFT_DECODE, ZERO_DRAFT_AFTER_ACCEPT)
 BATCH_CLASSES = (BATCH_SPEC_NO_DRAFTS, BATCH_ONE_TOKEN_BESIDE_SPEC, BATCH_PREFILL_AND_DECODE)
 ALL_CLASSES = ROW_CLASSES + BATCH_CLASSES
-SPEC_ONLY = frozenset({PADDED_TAIL, SPEC_DECODE_FULL, SPEC_DECODE_CUT, ZERO_DRAFT_DECODE, ZERO_DRAFT_AFTER_ACCEPT,
+SPEC_ONLY = frozenset({PADDED_TAIL_FRESH, PADDED_TAIL_WITH_STATE, SPEC_DECODE_FULL, SPEC_DECODE_CUT, ZERO_DRAFT_DECODE, ZERO_DRAFT_AFTER_ACCEPT,
                        BATCH_SPEC_NO_DRAFTS, BATCH_ONE_TOKEN_BESIDE_SPEC})
 
 
@@ -55,7 +57,7 @@ def row_class(r: RowInput, spec_tokens: int, accepted_before: int = 1) -> str:
     tokens the request's previous step kept (1 + accepted drafts)."""
     if r.num_computed < r.num_prompt_tokens:  # the row's first token is a prompt token
         if r.num_drafts > 0:
-            return PADDED_TAIL
+            return PADDED_TAIL_WITH_STATE if r.num_computed else PADDED_TAIL_FRESH
         one = r.num_scheduled == 1
         if r.num_computed == 0:
             return FIRST_CHUNK_ONE_TOKEN if one else FIRST_CHUNK
@@ -70,7 +72,7 @@ def row_class(r: RowInput, spec_tokens: int, accepted_before: int = 1) -> str:
 def batch_classes(rows: Iterable[str], spec_tokens: int) -> set[str]:
     """The batch classes of a step whose rows have the classes `rows`."""
     kinds = set(rows)
-    drafted = kinds & {SPEC_DECODE_FULL, SPEC_DECODE_CUT, PADDED_TAIL}
+    drafted = kinds & {SPEC_DECODE_FULL, SPEC_DECODE_CUT, PADDED_TAIL_FRESH, PADDED_TAIL_WITH_STATE}
     zero_drafts = kinds & {ZERO_DRAFT_DECODE, ZERO_DRAFT_AFTER_ACCEPT}
     decodes = drafted | zero_drafts | (kinds & {DECODE})
     out = set()

@@ -146,6 +146,7 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
     engine = dataclasses.asdict(s.engine)
     engine.pop("runner", None)  # the model runner the kernel model mirrors: not a scheduler setting
     engine.pop("async_scheduling", None)  # synchronous, checked above
+    engine.pop("max_model_len_slack", None)  # already folded into max_model_len below
     # the scenario connector's save/load behaviours (EngineConfig.connector_*) are the harness's,
     # not a vLLM setting: left out at their defaults, so exports from before them stay current
     defaults = dataclasses.asdict(type(s.engine)())

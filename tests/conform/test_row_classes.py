@@ -19,7 +19,8 @@ def test_each_row_class_is_named_from_the_message():
         rc.FIRST_CHUNK_ONE_TOKEN: (row(scheduled=1), 0),
         rc.LATER_CHUNK: (row(computed=2, scheduled=4), 0),
         rc.LATER_CHUNK_ONE_TOKEN: (row(computed=7, scheduled=1), 0),
-        rc.PADDED_TAIL: (row(computed=7, scheduled=3, drafts=2), 2),
+        rc.PADDED_TAIL_WITH_STATE: (row(computed=7, scheduled=3, drafts=2), 2),
+        rc.PADDED_TAIL_FRESH: (row(computed=0, scheduled=3, drafts=2, prompt=1), 2),
         rc.DECODE: (row(computed=8, scheduled=1), 0),
         rc.SPEC_DECODE_FULL: (row(computed=8, scheduled=3, drafts=2), 2),
         rc.SPEC_DECODE_CUT: (row(computed=8, scheduled=2, drafts=1), 2),
@@ -45,7 +46,7 @@ def test_the_tally_carries_accepted_counts_across_steps_and_forgets_dropped_requ
 def test_coverage_merges_worker_reports_and_names_what_no_input_reached():
     cov = rc.ClassCoverage.merged([{"v1": {rc.DECODE: 2}}, {"v1": {rc.DECODE: 1, rc.FIRST_CHUNK: 1}}])
     assert cov.inputs["v1"][rc.DECODE] == 3
-    assert rc.DECODE not in cov.missing("v1") and rc.PADDED_TAIL in cov.missing("v1")
+    assert rc.DECODE not in cov.missing("v1") and rc.PADDED_TAIL_FRESH in cov.missing("v1")
     assert cov.line() == f"v1 2/{len(rc.ALL_CLASSES)}"
 
 
