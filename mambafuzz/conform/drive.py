@@ -6,7 +6,8 @@ A minimal loop, like bench/harness_speed.py's `bare_run`: every sampled token an
 one constant token, drafts are accepted per the scenario's acceptance pattern, and the scheduler's
 -1 placeholder drafts (a padded one-token prompt tail) are never accepted unless, under async
 scheduling, the worker's drafter stands behind them. No truth, no kernel
-model, no oracle; KV-connector claims are not driven (the connector reports no tokens).
+model, no oracle. KV-connector claims are driven as the constant worker drives them (loads succeed,
+async ones in the forward that ordered them; no saves), so a row can start from a loaded prefix.
 """
 
 from __future__ import annotations

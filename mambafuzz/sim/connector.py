@@ -67,6 +67,13 @@ class ScenarioConnectorMetadata(KVConnectorMetadata):
     loads: list[LoadOrder] = field(default_factory=list)
 
 
+def scripted_hits(scenario: Any, request_ids: list[str]) -> dict[str, ExternalHit]:
+    """The connector's plan for a scenario: each request's claimed external tokens (one place, for
+    the harness and the model-less loops of mambafuzz.sim.constant_worker)."""
+    return {rid: ExternalHit(r.external_tokens, r.external_async)
+            for rid, r in zip(request_ids, scenario.requests) if r.external_tokens}
+
+
 class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)

@@ -7,6 +7,11 @@ It keeps what the worker knows that the scheduler does not yet (under async sche
 tokens each request holds, and whose placeholder drafts stand for real proposals. A `-1`
 placeholder nobody proposed behind (a padded one-token prompt tail) is never accepted, as in the
 harness, where the model rejects it.
+
+Its KV connector (when the scenario claims external tokens and prefix caching is on, as in the
+harness) loads what the scenario scripts: a synchronous load is computed at admission, an
+asynchronous one finishes in the forward of the batch that ordered it (the harness's default,
+`connector_recv_steps` 0). No state moves: there is no model.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 
 from mambafuzz.model.scenario import Scenario
 from mambafuzz.model.step_plan import propose_drafts
+from mambafuzz.sim.connector import scripted_hits
 from mambafuzz.sim.engine_core import Batch, BatchQueue
 from mambafuzz.sim.vllm_compat.output import resumed_req_ids
 
@@ -39,6 +45,10 @@ class ConstantWorker:
         self.accept_next: dict[str, int] = {}  # per request: drafts its next row accepts
         self.known: dict[str, int] = {}  # async: tokens the worker holds per request
         self.proposed: set[str] = set()  # async: requests whose drafter proposed after their last row
+        caching = session.scheduler.vllm_config.cache_config.enable_prefix_caching
+        self.connector = session.connector if caching else None  # the harness's rule: no hits without caching
+        if self.connector is not None:
+            self.connector.plan = scripted_hits(scenario, scenario.request_ids())
 
     def forward(self, batch: Batch, step: int) -> list[Row]:
         """Answer `batch` (right after it was scheduled); its sampled tokens go into the batch."""
@@ -49,6 +59,9 @@ class ConstantWorker:
             for rid in [r.req_id for r in out.scheduled_new_reqs] + sorted(resumed_req_ids(out)):
                 self.known[rid] = session.request(rid).num_tokens
                 self.proposed.discard(rid)
+        if self.connector is not None:  # this schedule's load orders: the async ones finish in this forward
+            batch.recv_done |= {o.request_id for o in self.connector.orders if o.load_async}
+            self.connector.orders.clear()
         rows = []
         for rid, n in out.num_scheduled_tokens.items():
             req = session.request(rid)
@@ -77,6 +90,6 @@ class ConstantWorker:
     def apply(self, batch: Batch, step: int) -> None:
         """Hand `batch`'s output to the scheduler; when synchronous, the drafts follow it
         (EngineCore.post_step)."""
-        self.session.feed(batch.out, batch.sampled, set())
+        self.session.feed(batch.out, batch.sampled, batch.recv_done)
         if self.k and not self.asynchronous:
             self.accept_next = propose_drafts(self.session, batch.scheduled, step, self.s, CONST_TOKEN)

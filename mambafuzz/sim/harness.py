@@ -25,7 +25,7 @@ from mambafuzz.model.scenario import VOCAB_SIZE, Scenario, ScenarioError, ample_
 from mambafuzz.model.step_plan import BOUND, StepPlan
 from mambafuzz.sim import vllm_bridge as vb
 from mambafuzz.sim.cache_audit import BlockAuditor
-from mambafuzz.sim.connector import ExternalHit
+from mambafuzz.sim.connector import scripted_hits
 from mambafuzz.sim.engine_core import Batch, BatchQueue
 from mambafuzz.sim.hash_book import HashBook
 from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
@@ -329,10 +329,7 @@ class _Runner:
         self.save_entries: dict[str, dict] = {}  # request -> block hash -> [tokens, a state per mamba group]: not sent yet
         self.recv_tracked = bool(e.connector_recv_steps or e.connector_failed_load)
         if self.connector is not None:
-            self.connector.plan = {
-                rid: ExternalHit(r.external_tokens, r.external_async)
-                for rid, r in zip(self.ids, scenario.requests) if r.external_tokens
-            }
+            self.connector.plan = scripted_hits(scenario, self.ids)
             c = self.connector
             c.save_requests, c.load_saved = e.connector_save, e.connector_load_source == "saved"
             c.mamba_block_size, c.hash_block_size = e.mamba_block_size, session.hash_block_size

@@ -277,3 +277,27 @@ def test_the_real_scheduler_skips_a_spec_row_and_v1_copies_a_stale_state():
         assert got["v1", mixer].pre_copies == ((col0, col1),)
         assert got["v2", mixer].pre_copies == ()
         assert got["v1", mixer].read_block == got["v2", mixer].read_block == col1
+
+
+@pytest.mark.parametrize("load_async", [False, True])
+def test_a_connector_load_leaves_a_one_token_tail_padded_with_state(load_async: bool):
+    """Through the real scheduler and the driven connector: under MTP a prefix hit never leaves a
+    one-token prompt remainder (the EAGLE block drop), but a connector that loads all but the last
+    prompt token does, and vLLM pads that tail at admission (scheduler.py:1131-1153). The drive
+    must load what the scenario scripts, or the padded tail with prior state is never reached."""
+    from mambafuzz.conform.drive import drive
+    from mambafuzz.conform.row_classes import PADDED_TAIL_WITH_STATE, row_class
+    from mambafuzz.model.scenario import RequestSpec, Scenario
+
+    s = Scenario(engine=EngineConfig(mamba_block_size=16, attn_block_size=16, max_num_batched_tokens=64,
+                                     spec_method="mtp", num_speculative_tokens=2),
+                 prefixes=[32],
+                 requests=[RequestSpec(prefix_ids=[0], unique_len=5, max_tokens=3),
+                           RequestSpec(arrival_step=4, prefix_ids=[0], unique_len=6, max_tokens=3,
+                                       external_tokens=37, external_async=load_async)],
+                 acceptance=[1])
+    tails = [r for st in drive(s) for r in st.input.rows if r.req_id == "r1" and r.num_computed == 37]
+    assert tails, "r1 never ran from the loaded prefix"
+    r = tails[0]
+    assert (r.num_scheduled, r.num_drafts, r.num_prompt_tokens) == (3, 2, 38)
+    assert row_class(r, 2) == PADDED_TAIL_WITH_STATE
