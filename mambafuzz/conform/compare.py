@@ -5,8 +5,9 @@ bookkeeping (V1's InputBatch + preprocess_mamba + the metadata builders, V2's
 MambaHybridModelState, the fused copies under Triton's interpreter) what it does; this module
 asks the kernel model (mambafuzz/sim/kernel_model.py with mambafuzz/sim/runners.py and mambafuzz/sim/mixers.py) the same
 question for the same runner and mixer family, and compares: the block the kernel reads its
-initial state from (None: zeros), the blocks it writes, the destinations of the pre- and
-post-forward copies, and the internal-checkpoint block (Mamba2 only; Qwen's GDN mixer writes
+initial state from (None: zeros), the blocks it writes, the pre-forward copies (source and
+destination: a copy from the wrong column lands where it should and is read from there), the
+destinations of the post-forward copies, and the internal-checkpoint block (Mamba2 only; Qwen's GDN mixer writes
 none).  What it cannot compare is listed in docs/CONFORMANCE.md.
 
 Two normalisations, both because the conformance tier sees copies by value: a copy of a block
@@ -29,7 +30,7 @@ from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
 
 MIXERS = ("gdn", "mamba2")
 Observer = Callable[[str, StepInput], object]
-Effect = tuple  # (read block | None, written blocks, pre-copy dsts, post-copy dsts, checkpoint blocks)
+Effect = tuple  # (read block | None, written blocks, pre-copies (src, dst), post-copy dsts, checkpoint blocks)
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ def _mirror_effect(km: KernelModel, e: EngineConfig, r) -> Effect:
     self_copy = prev != curr and 0 <= src < len(table) and table[src] == table[curr]
     spec_row = spec and km.is_spec_row(r.num_computed, r.num_scheduled, r.num_drafts, r.num_prompt_tokens)
     res = km.run_row(r.req_id, table, r.num_computed, [1] * r.num_scheduled, r.num_drafts, spec_row)
-    pre = tuple(sorted(b for _, b, _, cause in res.writes if cause == "precopy" and not self_copy))
+    src_block = table[src] if 0 <= src < len(table) else -1  # the column the copy reads, as the worker's table holds it
+    pre = tuple(sorted((src_block, b) for _, b, _, cause in res.writes if cause == "precopy" and not self_copy))
     writes = tuple(sorted({b for _, b, _, cause in res.writes if cause not in ("precopy", "checkpoint")}))
     ckpt = tuple(sorted(b for _, b, _, cause in res.writes if cause == "checkpoint"))
     post: tuple = ()
@@ -109,7 +111,7 @@ def _vllm_effect(p, mirror_ckpt: tuple) -> Effect:
     ckpt = tuple(sorted(w.block for w in p.writes if w.cause == "checkpoint" and w.block > 0))
     return (p.read_block if p.has_initial_state else None,
             tuple(sorted({w.block for w in p.writes if w.cause != "checkpoint" and w.block > 0})),
-            tuple(sorted(d for _, d in p.pre_copies)), tuple(sorted(d for _, d in p.post_copies)),
+            tuple(sorted(p.pre_copies)), tuple(sorted(d for _, d in p.post_copies)),
             ckpt if p.mixer == "mamba2" else mirror_ckpt)
 
 

@@ -77,8 +77,14 @@ class V2Worker:
         self.spec, self.kv_cache_config = base.spec, base.kv_cache_config
         self.num_spec = base.num_spec
         self.max_num_reqs = max_num_reqs
-        self.slot_table = torch.zeros((max_num_reqs, base.max_blocks), dtype=torch.int32)
-        self.batch_table = torch.zeros((max_num_reqs, base.max_blocks), dtype=torch.int32)
+        # vLLM's rows are base.max_blocks wide; a state column seeded past them (in the wrong units:
+        # cache_config.block_size below the mamba block) reads out of bounds on a GPU and garbage
+        # under Triton's interpreter. The tables here are wide enough for any such seed, and their
+        # spare columns hold the null block: the copy reads block 0, the same on every run.
+        finest = min(vllm_config.cache_config.block_size, self.spec.block_size)
+        width = max(base.max_blocks, -(-max_model_len // finest) + self.num_spec + 2)
+        self.slot_table = torch.zeros((max_num_reqs, width), dtype=torch.int32)
+        self.batch_table = torch.zeros((max_num_reqs, width), dtype=torch.int32)
         self.slots: dict[str, int] = {}
         self.prefill_len = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_computed = torch.zeros(max_num_reqs, dtype=torch.int32)  # req_states.num_computed_tokens

@@ -322,7 +322,8 @@ def draw_worker_rows(src: Source, scenario: Scenario) -> Scenario:
       steps that accepted some);
     - prompt tails of one token after a prefix or a connector load (a one-token chunk with
       prior state, or a tail the scheduler pads with placeholder drafts);
-    - one-token prompts (a first chunk of one token).
+    - one-token prompts (a first chunk of one token);
+    - cache_config.block_size below the mamba block (engine.block_size_from_groups).
     Each edit is kept only if the scenario stays a valid config; returns a revised copy (the
     input is not changed). Every draw is made whether or not its edit is kept."""
     s = scenario
@@ -406,4 +407,19 @@ def _edge_model_len(src: Source, s: Scenario) -> Scenario | None:
     return s
 
 
-_ROW_EDGE_EDITS = (_edge_geometry, _edge_spec, _edge_chunk_limit, _edge_budget, _edge_model_len, _edge_prompt_tails)
+def _edge_block_size(src: Source, s: Scenario) -> Scenario | None:
+    """cache_config.block_size below the mamba block, as EngineCore leaves it beside a finer
+    prefix-cacheable group (engine.block_size_from_groups): V2's worker seeds a request's state
+    column from cache_config, so its units matter only then. The attention group is made finer
+    when it is not already."""
+    e, on, finer = s.engine, src.int(0, 2) == 0, 1 << src.int(1, 3)
+    if not on:
+        return None
+    if e.attn_block_size == e.mamba_block_size and e.mamba_block_size % finer == 0:
+        e.attn_block_size = e.mamba_block_size // finer
+    e.block_size_from_groups = e.attn_block_size < e.mamba_block_size
+    return s if e.block_size_from_groups else None
+
+
+_ROW_EDGE_EDITS = (_edge_geometry, _edge_spec, _edge_chunk_limit, _edge_budget, _edge_model_len, _edge_prompt_tails,
+                   _edge_block_size)

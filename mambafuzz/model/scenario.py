@@ -146,6 +146,14 @@ class EngineConfig:
     # target's pass (mambafuzz.model.generate.draw_worker_rows).
     max_model_len_slack: int | None = knob(None, kind="int", lo=0, hi=8, optional=True, simplest=None,
                                            build_key=False, generate=False)
+    # cache_config.block_size as vLLM 0.32's EngineCore leaves it: False, the mamba block (what the
+    # model's own layers give, Platform._align_hybrid_block_size ties them); True, the smallest
+    # block of the prefix-cacheable KV-cache groups (EngineCore._initialize_kv_caches, core.py:341-356),
+    # so the attention group stands for a finer group of its own (vLLM's comment in
+    # mamba_hybrid.py:118-120 names a DFlash drafter's). The scheduler's align split and V2's
+    # worker read this field; mamba blocks keep `mamba_block_size`. Left out of the JSON when False;
+    # drawn by the conform target's pass (mambafuzz.model.generate.draw_worker_rows).
+    block_size_from_groups: bool = knob(False, kind="bool", simplest=False, generate=False)
     # The scenario's KV connector (mambafuzz/sim/connector.py), playing the scheduler side of a
     # saving and loading connector (LMCache, NIXL). Off, it only loads, the true state, within one
     # step: what every file before these knobs ran. None is drawn by the generic generator (a draw
@@ -336,13 +344,15 @@ class Scenario:
 
 
 def _engine_json(e: EngineConfig) -> dict[str, Any]:
-    """The engine's fields; `model` and `max_model_len_slack` only when set (files written before
-    those knobs stay byte-identical)."""
+    """The engine's fields; `model`, `max_model_len_slack` and `block_size_from_groups` only when
+    set (files written before those knobs stay byte-identical)."""
     out = dataclasses.asdict(e)
     if out.get("model") == DEFAULT_MODEL:
         del out["model"]
     if out.get("max_model_len_slack") is None:
         out.pop("max_model_len_slack", None)
+    if not out.get("block_size_from_groups"):
+        out.pop("block_size_from_groups", None)
     return out
 
 
@@ -569,6 +579,11 @@ def engine_realism_notes(e: EngineConfig) -> list[str]:
     if e.enable_prefix_caching and e.attn_block_size != e.mamba_block_size:
         notes.append(f"attn_block_size {e.attn_block_size} != mamba_block_size {e.mamba_block_size}: a real align-mode "
                      "engine ties the two (Platform._align_hybrid_block_size); only the scheduler sees this config")
+    if e.enable_prefix_caching and e.block_size_from_groups and e.attn_block_size < e.mamba_block_size:
+        notes.append(f"block_size_from_groups: cache_config.block_size is {e.attn_block_size}, below the mamba block "
+                     f"{e.mamba_block_size}; a real engine gets there only with a prefix-cacheable group finer than "
+                     "the mamba block beside the model's own (vLLM 0.32 names a DFlash drafter group, "
+                     "mamba_hybrid.py:118-120; upstream reports no config that reaches it, vllm-project/vllm#54076)")
     need = get_architecture(e.model).vllm_block_size if e.model in MODELS else 0
     if e.enable_prefix_caching and e.mamba_block_size < need:
         notes.append(f"mamba_block_size {e.mamba_block_size} < {need}: vLLM raises the block size of {e.model} to at least "

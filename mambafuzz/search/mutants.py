@@ -263,6 +263,22 @@ def worker_v2_padded_tail_as_prefill() -> list[Patch]:
     ),))]
 
 
+@mutant("worker, V2 mamba_hybrid.py: a new request's state column is seeded in cache_config.block_size units (vllm-project/vllm#55601 undone)")
+def worker_v2_state_column_in_cache_blocks() -> list[Patch]:
+    """A wrapper, not a source rewrite: add_request calls a bare super(), which a recompiled copy
+    cannot (no __class__ cell). For the call, the mamba block reads as cache_config.block_size."""
+    def make(original):
+        def seeded(self, req_index, new_req_data):
+            cc = self.cache_config
+            mamba_block_size, cc.mamba_block_size = cc.mamba_block_size, cc.block_size
+            try:
+                return original(self, req_index, new_req_data)
+            finally:
+                cc.mamba_block_size = mamba_block_size
+        return seeded
+    return [Wrap(f"{V2_MAMBA_STATE}.add_request", make)]
+
+
 def _rollback_patch(rolled_back: str) -> list[Patch]:
     """update_from_output with `rolled_back` in place of the rollback of rejected drafts."""
     return [Rewrite(f"{SCHED}.update_from_output", ((

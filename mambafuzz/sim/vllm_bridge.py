@@ -181,6 +181,9 @@ def vllm_config_for(e: EngineConfig, max_model_len: int, connector: bool = True)
     # the Scheduler reads it (max_concurrent_batches: deferred block frees, in-flight token bound).
     vc.scheduler_config.async_scheduling = (default_async_scheduling(vc, e.runner or default_runner(vc))
                                             if e.async_scheduling is None else e.async_scheduling)
+    if e.block_size_from_groups:
+        vc.cache_config.mamba_block_size = e.mamba_block_size if e.enable_prefix_caching else max_model_len
+        vc.cache_config.block_size = engine_core_block_size(kv_cache_config_for(e, 1, max_model_len).kv_cache_groups)
     _VLLM_CONFIGS[key] = vc
     while len(_VLLM_CONFIGS) > MAX_CACHED_CONFIGS:  # a long run draws endless distinct configs
         _VLLM_CONFIGS.pop(next(iter(_VLLM_CONFIGS)))
@@ -279,6 +282,15 @@ def kv_cache_groups_for(attn_block: int, mamba_block: int, caching: bool, spec_b
     # block tables per request, as in a real engine, which matters for small-pool admission.
     mamba = dataclasses.replace(mamba, page_size_padded=attn.page_size_bytes)
     return tuple(get_kv_cache_groups_uniform_page_size({ATTN_LAYER: attn, **dict.fromkeys(MAMBA_LAYERS, mamba)}))
+
+
+def engine_core_block_size(groups: typing.Sequence[KVCacheGroupSpec]) -> int:
+    """`cache_config.block_size` as vLLM 0.32's EngineCore sets it once the KV cache is laid out
+    (`_initialize_kv_caches`, v1/engine/core.py:341-356): the smallest block of the groups whose
+    spec is `prefix_cacheable`, or of all groups when none is. Mirrored: it runs inside the engine
+    core's start-up, after the workers profiled memory."""
+    cacheable = [g.kv_cache_spec.block_size for g in groups if g.kv_cache_spec.prefix_cacheable]
+    return min(cacheable or [g.kv_cache_spec.block_size for g in groups])
 
 
 def kv_cache_config_for(e: EngineConfig, num_blocks: int, max_model_len: int) -> KVCacheConfig:

@@ -147,6 +147,9 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
     engine.pop("runner", None)  # the model runner the kernel model mirrors: not a scheduler setting
     engine.pop("async_scheduling", None)  # synchronous, checked above
     engine.pop("max_model_len_slack", None)  # already folded into max_model_len below
+    if engine.pop("block_size_from_groups", False):  # left out when off, so earlier exports stay current
+        raise ExportError(f"{case.path}: the standalone test cannot set cache_config.block_size below the mamba "
+                          "block (engine.block_size_from_groups) yet (use --style vllm)")
     # the scenario connector's save/load behaviours (EngineConfig.connector_*) are the harness's,
     # not a vLLM setting: left out at their defaults, so exports from before them stay current
     defaults = dataclasses.asdict(type(s.engine)())

@@ -22,6 +22,7 @@ WORKER_MUTANTS = {
     "worker_gdn_zero_draft_plain_decode": ("worker_gdn_zero_draft_after_accept.json", "conform:read/gdn@v1"),
     "worker_mamba_first_token_has_state": ("worker_mamba_one_token_first_chunk.json", "conform:read/mamba2@v1"),
     "worker_v2_padded_tail_as_prefill": ("worker_v2_padded_tail_as_prefill.json", "conform:writes/gdn@v2"),
+    "worker_v2_state_column_in_cache_blocks": ("worker_v2_state_column_in_cache_blocks.json", "conform:precopy/gdn@v2"),
 }
 
 

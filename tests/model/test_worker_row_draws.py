@@ -20,13 +20,14 @@ def _pairs(seed0: int = 0):
 
 def test_each_edge_is_drawn_and_every_revision_stays_valid():
     seen = {"spec added": 0, "chunk limit <= k+1": 0, "budget <= 3(k+1)": 0, "one-token tail": 0,
-            "connector loads all but one": 0, "one-token prompt": 0}
+            "connector loads all but one": 0, "one-token prompt": 0, "block size from groups": 0}
     for base, s in _pairs():
         assert not validate(s)
         e, k = s.engine, s.engine.num_speculative_tokens if s.engine.uses_spec_decode else 0
         seen["spec added"] += bool(k and not base.engine.uses_spec_decode)
         seen["chunk limit <= k+1"] += bool(k and 0 < e.long_prefill_token_threshold <= k + 1)
         seen["budget <= 3(k+1)"] += e.max_num_batched_tokens <= 3 * (k + 1)
+        seen["block size from groups"] += e.block_size_from_groups and e.attn_block_size < e.mamba_block_size
         for i, (r, old) in enumerate(zip(s.requests, base.requests, strict=True)):
             seen["one-token prompt"] += s.prompt_len(i) == 1 and base.prompt_len(i) != 1
             seen["one-token tail"] += r.unique_len == 1 and old.unique_len != 1 and s.prompt_len(i) > 1
@@ -88,3 +89,17 @@ def test_model_len_slack_sets_max_model_len_and_is_written_only_when_set():
     assert again.engine.max_model_len_slack == 0 and again.max_model_len() == longest
     bad = dataclasses.replace(s, engine=dataclasses.replace(s.engine, max_model_len_slack=-1))
     assert any("max_model_len_slack" in p for p in validate(bad))
+
+
+def test_block_size_from_groups_is_written_only_when_set():
+    import dataclasses
+    import json
+
+    from mambafuzz.model.scenario import engine_realism_notes, from_json
+
+    s = next(base for base, _ in _pairs() if base.engine.attn_block_size < base.engine.mamba_block_size)
+    assert "block_size_from_groups" not in s.to_json()["engine"]
+    on = dataclasses.replace(s, engine=dataclasses.replace(s.engine, block_size_from_groups=True))
+    assert from_json(json.loads(on.dumps())).engine.block_size_from_groups is True
+    assert any("block_size_from_groups" in n for n in engine_realism_notes(on.engine))
+    assert not any("block_size_from_groups" in n for n in engine_realism_notes(s.engine))
