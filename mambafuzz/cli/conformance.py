@@ -60,6 +60,7 @@ def worker_code_of_other_releases_is_unsupported() -> Iterator[None]:
 def cmd_conform(args: argparse.Namespace) -> int:
     from mambafuzz.conform import compare as conform_check
     from mambafuzz.conform import target as conform_target
+    from mambafuzz.conform.drive import SchedulerRaised
     from mambafuzz.model.generate import RandomSource, draw_worker_rows, random_scenario
     from mambafuzz.model.scenario import ScenarioError, validate
     from mambafuzz.sim import patching
@@ -75,7 +76,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
     runners = tuple(args.runner or model_runners.names())
     patches = patches_or_usage(args.patch)
     seen: collections.Counter = collections.Counter()
-    bad = checked = 0
+    bad = checked = unjudged = 0
 
     skipped: collections.Counter = collections.Counter()  # runner -> scenarios it cannot run
 
@@ -100,6 +101,9 @@ def cmd_conform(args: argparse.Namespace) -> int:
         except (corpus.CaseError, ScenarioError, vb.ConfigRejected) as exc:
             print(f"mambafuzz: {exc}", file=sys.stderr)
             bad += 1
+        except SchedulerRaised as exc:
+            print(f"NOT JUDGED {path}: {exc}", flush=True)
+            unjudged += 1
     rng = random.Random(args.seed)
     start = last = time.monotonic()
     while time.monotonic() - start < args.random:
@@ -108,13 +112,14 @@ def cmd_conform(args: argparse.Namespace) -> int:
             continue
         try:
             check(s, f"random(seed {args.seed}) #{checked}")
-        except vb.ConfigRejected:
+        except (vb.ConfigRejected, SchedulerRaised):
             continue
         if time.monotonic() - last >= 10:
             last = time.monotonic()
             print(f"[{last - start:6.1f}s] {checked} scenarios, {sum(seen.values())} disagreeing rows", flush=True)
     print(f"conform: {checked} scenario(s) on {'+'.join(runners)} x gdn+mamba2, "
           f"{sum(seen.values())} disagreeing row(s) in {len(seen)} kind(s){f', {bad} unusable' if bad else ''}"
+          + (f", {unjudged} not judged (vLLM's scheduler raised)" if unjudged else "")
           + "".join(f"; {n} not run on {r} (a config {r} cannot run, e.g. pipeline stages)" for r, n in sorted(skipped.items())))
     if seen:
         return EXIT_FOUND

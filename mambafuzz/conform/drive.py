@@ -24,6 +24,7 @@ from mambafuzz.model.step_plan import StepPlan
 from mambafuzz.sim import vllm_bridge as vb
 from mambafuzz.sim.constant_worker import ConstantWorker
 from mambafuzz.sim.engine_core import BatchQueue
+from mambafuzz.sim.harness import vllm_frame
 from mambafuzz.sim.worker_tables import WorkerTables
 
 
@@ -36,6 +37,12 @@ class ConformStep:
 
 # Each registered runner's driver of vLLM's own worker code, under its name in mambafuzz/model/runners.py.
 WORKERS: dict[str, type] = {V1Worker.runner: V1Worker, V2Worker.runner: V2Worker}
+
+
+class SchedulerRaised(Exception):
+    """vLLM's scheduler or KV-cache manager raised while the drive ran the input: a `vllm_crash`
+    for the scheduler target (`mambafuzz repro`) to report, and nothing the conformance tier can
+    judge (no row after it exists). Not a tool failure: its frame is vLLM's own (v1/core)."""
 
 
 def worker_class(name: str) -> type:
@@ -69,26 +76,40 @@ def drive(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[Confo
     bare = ConstantWorker(session, s, queue)
     told = WorkerTables((session.mamba_group,), session.runner)
     for step in range(plan.bound):
-        if plan.end(step, session.has_unfinished() or bool(queue)) is not None:
-            return
-        plan.feed(step, session, prompts)
-        ran: list[ConformStep] = []
-
-        def forward(batch, step=step, ran=ran) -> None:
-            out = batch.out
-            told.update(out)  # the tables the worker keeps from the messages alone
-            rows = tuple(RowInput(r.req_id, r.start, r.num_scheduled, r.num_drafts,
-                                  session.request(r.req_id).num_prompt_tokens,
-                                  tuple(told.get(r.req_id)[0]), r.num_sampled or 1)
-                         for r in bare.forward(batch, step))
-            step_input = StepInput(rows, frozenset(out.finished_req_ids), frozenset(out.preempted_req_ids or ()),
-                                   frozenset(out.scheduled_cached_reqs.resumed_req_ids or ()))
-            plans = tuple(p for w in workers for p in w.step(step_input))  # empty steps still drop requests
-            if rows or step_input.finished or step_input.preempted or step_input.resumed:
-                # a step that only drops requests is yielded too: the kernel model must forget
-                # them as vLLM's worker did (a preemption in a step with no rows, under pipeline
-                # stages, left the mirror a stale running column: a false precopy)
-                ran.append(ConformStep(step, step_input, plans))
-
-        queue.step(session, forward, lambda batch, step=step: bare.apply(batch, step))
+        try:
+            if plan.end(step, session.has_unfinished() or bool(queue)) is not None:
+                return
+            plan.feed(step, session, prompts)
+            ran = _run_step(step, session, queue, bare, told, workers)
+        except Exception as exc:
+            where = vllm_frame(exc)
+            if where.startswith("vllm/v1/core/"):
+                raise SchedulerRaised(f"vLLM's scheduler raised {type(exc).__name__} at {where} (step {step}): "
+                                      "the scheduler target's finding (mambafuzz repro), not judged here") from exc
+            raise
         yield from ran
+
+
+def _run_step(step: int, session: vb.SchedulerSession, queue: BatchQueue, bare: ConstantWorker, told: WorkerTables,
+              workers: list) -> list[ConformStep]:
+    """One engine-core step: schedule, every worker's view of each forward, the output fed back."""
+    ran: list[ConformStep] = []
+
+    def forward(batch) -> None:
+        out = batch.out
+        told.update(out)  # the tables the worker keeps from the messages alone
+        rows = tuple(RowInput(r.req_id, r.start, r.num_scheduled, r.num_drafts,
+                              session.request(r.req_id).num_prompt_tokens,
+                              tuple(told.get(r.req_id)[0]), r.num_sampled or 1)
+                     for r in bare.forward(batch, step))
+        step_input = StepInput(rows, frozenset(out.finished_req_ids), frozenset(out.preempted_req_ids or ()),
+                               frozenset(out.scheduled_cached_reqs.resumed_req_ids or ()))
+        plans = tuple(p for w in workers for p in w.step(step_input))  # empty steps still drop requests
+        if rows or step_input.finished or step_input.preempted or step_input.resumed:
+            # a step that only drops requests is yielded too: the kernel model must forget
+            # them as vLLM's worker did (a preemption in a step with no rows, under pipeline
+            # stages, left the mirror a stale running column: a false precopy)
+            ran.append(ConformStep(step, step_input, plans))
+
+    queue.step(session, forward, lambda batch: bare.apply(batch, step))
+    return ran

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from mambafuzz.checks.pipeline import Judge
 from mambafuzz.conform import compare as conform_check
+from mambafuzz.conform import drive as conform_drive
 from mambafuzz.conform import row_classes
 from mambafuzz.exit_codes import ToolError, one_line
 from mambafuzz.findings import Violation
@@ -52,6 +53,8 @@ def first_disagreement(s: Scenario, runners: Sequence[str],
             coverage.add(runner, classes)
         return found
     except vb.ConfigRejected as exc:
+        raise ScenarioError([str(exc)]) from None
+    except conform_drive.SchedulerRaised as exc:  # the scheduler target's input, not this tier's
         raise ScenarioError([str(exc)]) from None
     except (ScenarioError, ToolError):
         raise

@@ -131,10 +131,10 @@ class V1Worker:
         self._sampling = greedy_sampling()
         # Async scheduling (read from the scheduler's config): the accepted counts of the previous
         # step reach the CPU by an asynchronous copy to the rows they were computed in (`_landing`),
-        # and `_prepare_inputs` gathers them through `prev_req_id_to_index` (`_prev_index`).
+        # and `_prepare_inputs` gathers them through the batch's own `prev_req_id_to_index`, which
+        # vLLM's `InputBatch.remove_request` prunes (a request dropped from the batch starts again at 1).
         self.async_scheduling = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
         self._landing: dict[int, int] = {}
-        self._prev_index: dict[str, int] = {}
 
     def _worker_config(self, hash_block_size: int, cache_hit_alignment_tokens: int) -> VllmConfig:
         """The worker's view of the config: its cache config carries the two fields the engine core
@@ -154,6 +154,7 @@ class V1Worker:
         self.note_live_columns(step)
         self._sync_batch(step, out)
         if not step.rows:
+            self._land_accepted()  # the previous forward's counts land while this step's host code runs
             return []
         ib = self.input_batch
         num_reqs = ib.num_reqs
@@ -176,7 +177,10 @@ class V1Worker:
         post = self._postprocess(out, [rows[r] for r in order]) if self.num_spec > 0 else {}
         if self.async_scheduling and self.num_spec > 0:
             self._landing = {i: int(ib.num_accepted_tokens_cpu[i]) for i in range(num_reqs)}
-            self._prev_index = {rid: i for i, rid in enumerate(ib.req_ids[:num_reqs])}
+            # gpu_model_runner.py:3549: the rows that sampled (a chunk short of the prompt end is discarded)
+            ib.prev_req_id_to_index = {rid: i for i, rid in enumerate(ib.req_ids[:num_reqs])
+                                       if rows[rid].num_computed + rows[rid].num_scheduled - rows[rid].num_drafts
+                                       >= rows[rid].num_prompt_tokens}
         plans = []
         for name, md in metadata.items():
             interpret = _interpret_gdn if name == "gdn" else _interpret_mamba2
@@ -240,11 +244,21 @@ class V1Worker:
         emulated by writing them back over what condense() moved. The other order, a copy that
         lands first, is a timing race this tier does not model."""
         ib = self.input_batch
-        for index, count in self._landing.items():
-            ib.num_accepted_tokens_cpu[index] = count
-        gathered = [int(ib.num_accepted_tokens_cpu[p]) if (p := self._prev_index.get(rid, -1)) >= 0 else 1
+        self._land_accepted()
+        prev = ib.prev_req_id_to_index
+        if not prev:  # gpu_model_runner.py:2074: an empty mapping takes the synchronous branch (counts as they lie)
+            return
+        gathered = [int(ib.num_accepted_tokens_cpu[p]) if (p := prev.get(rid)) is not None else 1
                     for rid in ib.req_ids[:num_reqs]]
         ib.num_accepted_tokens_cpu[:num_reqs] = gathered
+
+    def _land_accepted(self) -> None:
+        """The previous forward's accepted counts reach `num_accepted_tokens_cpu`, at the rows
+        they were computed in, after the next step's condense(), whether that step runs rows or
+        not (a step without rows still runs `_update_states`); once."""
+        for index, count in self._landing.items():
+            self.input_batch.num_accepted_tokens_cpu[index] = count
+        self._landing = {}
 
     def _common_metadata(self, rows: Sequence[RowInput]) -> tuple[CommonAttentionMetadata, torch.Tensor]:
         """CommonAttentionMetadata as _build_attention_metadata fills it (synchronous scheduling,

@@ -206,3 +206,42 @@ def test_a_padded_fresh_prompt_sorted_first_demotes_v2_mamba2_decodes_until_find
     fix = UPSTREAM / "spec_pad_one_token_prompt_unzeroed_block" / "fix.py"
     with patching.applied(patching.load_patches(str(fix))):
         assert conform_target.verdict(s, ("v2",)) is None
+
+
+def _gather_by_request(worker, num_reqs: int) -> None:
+    """The previous step's accepted counts as a snapshot keyed by request (a request still mapped
+    keeps its count, every other row 1): the fix vllm-project/vllm#51571's reports propose."""
+    ib = worker.input_batch
+    prev = ib.prev_req_id_to_index or {}
+    snapshot = {rid: worker._landing.get(i, int(ib.num_accepted_tokens_cpu[i])) for rid, i in prev.items()}
+    worker._landing = {}
+    ib.num_accepted_tokens_cpu[:num_reqs] = [snapshot.get(rid, 1) for rid in ib.req_ids[:num_reqs]]
+
+
+def test_v1_async_reads_an_accepted_count_from_a_row_condense_moved(monkeypatch):
+    """vllm-project/vllm#51571's family (corpus/conformance note): with every sampled row of the
+    previous step gone, V1's empty prev_req_id_to_index takes the synchronous branch and a moved
+    row reads the count another request's copy landed there; keyed by request, it agrees."""
+    from mambafuzz.conform import target as conform_target
+    from mambafuzz.conform import v1
+
+    s = load_case(UPSTREAM.parent / "conformance" / "v1_async_accepted_count_read_from_a_moved_row.json").scenario
+    assert conform_target.verdict(s, ("v1",)).signature == "conform:read/mamba2@v1"
+    assert conform_target.verdict(s, ("v2",)) is None
+    monkeypatch.setattr(v1.V1Worker, "gather_async_accepted", _gather_by_request)
+    assert conform_target.verdict(s, ("v1",)) is None
+
+
+def test_a_scheduler_crash_is_not_judged_by_the_conformance_tier(capsys):
+    """vLLM's scheduler raising (upstream finding 4's admission estimate, once the drive loads the
+    connector's tokens) is the scheduler target's finding: the tier says so and judges nothing."""
+    from mambafuzz.cli.main import main
+    from mambafuzz.conform import target as conform_target
+    from mambafuzz.model.scenario import ScenarioError
+
+    path = UPSTREAM / "connector_admission_estimate_short_per_mamba_group" / "connector_admission_two_requests.json"
+    with pytest.raises(ScenarioError, match="scheduler raised ValueError"):
+        conform_target.verdict(load_case(path).scenario, ("v1",))
+    assert main(["conform", str(path), "--runner", "v1"]) == 3  # nothing judged: never a pass
+    out = capsys.readouterr().out
+    assert "NOT JUDGED" in out and "1 not judged" in out
