@@ -236,13 +236,15 @@ class V1Worker:
         ib.refresh_metadata()
 
     def gather_async_accepted(self, num_reqs: int) -> None:
-        """`GPUModelRunner._prepare_inputs` under async scheduling in align mode (gpu_model_runner.py,
-        "Async mode: condense() reordered indices, use prev_positions mapping"): each row takes the
-        accepted count at its request's row of the previous step, a row new to the batch takes 1.
-        The previous step's counts land there after this step's condense() (the device-to-host copy
+        """`GPUModelRunner._prepare_inputs` under async scheduling in align mode (gpu_model_runner.py:
+        2063-2090): with a non-empty `prev_req_id_to_index` each row takes the accepted count at its
+        request's row of the previous step, a row new to the mapping 1; with an empty one (every row
+        that sampled last step has left the batch) the counts are read where they lie. The previous
+        step's counts land at their old rows after this step's condense() (the device-to-host copy
         still runs while the next step's `_update_states` moves rows): the usual order on a GPU,
-        emulated by writing them back over what condense() moved. The other order, a copy that
-        lands first, is a timing race this tier does not model."""
+        emulated by writing them back over what condense() moved. In the empty-mapping branch a
+        moved row then reads another request's count (vllm-project/vllm#51571's family). The other
+        order, a copy that lands first, is a timing race this tier does not model."""
         ib = self.input_batch
         self._land_accepted()
         prev = ib.prev_req_id_to_index
