@@ -240,14 +240,35 @@ def test_v1_async_gather_reads_each_rows_accepted_count_where_the_copy_landed():
     plans(w, row("a", 0, MAMBA_BLOCK_SIZE, 200), row("b", 0, MAMBA_BLOCK_SIZE, 200, table=OTHER))
     ib = w.input_batch
     assert ib.req_ids[:2] == ["a", "b"]
-    w._prev_index = {"a": 1, "b": 0}  # last forward: b in row 0, a in row 1
+    ib.prev_req_id_to_index = {"a": 1, "b": 0}  # last forward: b in row 0, a in row 1
     w._landing = {0: 2, 1: 3}  # b kept 2 tokens, a kept 3: their copies land at those rows
     w.gather_async_accepted(2)
     assert list(ib.num_accepted_tokens_cpu[:2]) == [3, 2]  # a (row 0) and b (row 1) each read their own
+    ib.prev_req_id_to_index = {"a": 1, "b": 0}
     ib.num_accepted_tokens_cpu[:2] = [3, 2]  # a copy that landed before the rows moved...
-    w._landing = {}
     w.gather_async_accepted(2)
     assert list(ib.num_accepted_tokens_cpu[:2]) == [2, 3]  # ...is read crosswise
+
+
+def test_v1_async_gather_with_an_empty_mapping_reads_counts_where_they_lie():
+    """vLLM prunes prev_req_id_to_index in InputBatch.remove_request; once every row that sampled
+    has left, the mapping is empty and _prepare_inputs takes its synchronous branch
+    (gpu_model_runner.py:2074-2090): a row reads whatever count landed at its index, here another
+    request's (vllm-project/vllm#51571's family)."""
+    from tests.conform.test_conform_vllm import MAMBA_BLOCK_SIZE, OTHER, make_worker, plans, row
+
+    w = make_worker("v1", spec_method="mtp", num_speculative_tokens=2, async_scheduling=True)
+    plans(w, row("a", 0, MAMBA_BLOCK_SIZE, 200), row("b", 0, MAMBA_BLOCK_SIZE, 200, table=OTHER))
+    ib = w.input_batch
+    assert ib.req_ids[:2] == ["a", "b"]
+    ib.prev_req_id_to_index = {"a": 0}  # a sampled last step; b, a prompt chunk, did not
+    ib.remove_request("a")  # a is not scheduled this step
+    assert ib.prev_req_id_to_index == {}  # vLLM's own pruning
+    w._landing = {0: 3}  # a's count lands at row 0, b's after condense()
+    ib.condense()
+    assert ib.req_ids[:1] == ["b"]
+    w.gather_async_accepted(1)
+    assert list(ib.num_accepted_tokens_cpu[:1]) == [3]
 
 
 # ---- the engine core's loop, on a scripted scheduler ---------------------------------------
