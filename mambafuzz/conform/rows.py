@@ -26,6 +26,12 @@ class RowInput:
     block_ids: tuple[int, ...]  # the mamba group's block table for this request
     num_sampled: int = 1  # tokens the sampler keeps this step (1 + accepted drafts); sets num_accepted
 
+    @property
+    def samples(self) -> bool:
+        """The row reaches the end of its prompt, so the sampler's tokens are kept (a chunk short
+        of it is discarded: gpu_model_runner.py discard_request_mask, V2's post_update)."""
+        return self.num_computed + self.num_scheduled - self.num_drafts >= self.num_prompt_tokens
+
 
 @dataclass(frozen=True)
 class StepInput:

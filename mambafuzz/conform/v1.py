@@ -178,9 +178,7 @@ class V1Worker:
         if self.async_scheduling and self.num_spec > 0:
             self._landing = {i: int(ib.num_accepted_tokens_cpu[i]) for i in range(num_reqs)}
             # gpu_model_runner.py:3549: the rows that sampled (a chunk short of the prompt end is discarded)
-            ib.prev_req_id_to_index = {rid: i for i, rid in enumerate(ib.req_ids[:num_reqs])
-                                       if rows[rid].num_computed + rows[rid].num_scheduled - rows[rid].num_drafts
-                                       >= rows[rid].num_prompt_tokens}
+            ib.prev_req_id_to_index = {rid: i for i, rid in enumerate(ib.req_ids[:num_reqs]) if rows[rid].samples}
         plans = []
         for name, md in metadata.items():
             interpret = _interpret_gdn if name == "gdn" else _interpret_mamba2

@@ -192,8 +192,7 @@ class V2Worker:
     def _postprocess(self, batch: SimpleNamespace, rows: list[RowInput]) -> dict[str, tuple[tuple[int, int], ...]]:
         """post_update advances num_computed_tokens by the scheduled tokens less the rejected
         drafts; then MambaHybridModelState.postprocess_state (accepted counts, aligned copy)."""
-        num_sampled = torch.tensor([r.num_sampled if r.num_computed + r.num_scheduled - r.num_drafts
-                                    >= r.num_prompt_tokens else 0 for r in rows], dtype=torch.int32)
+        num_sampled = torch.tensor([r.num_sampled if r.samples else 0 for r in rows], dtype=torch.int32)
         for r, sampled in zip(rows, num_sampled.tolist(), strict=True):
             rejected = r.num_drafts - (sampled - 1) if r.num_drafts and sampled else 0
             self.num_computed[self.slots[r.req_id]] = r.num_computed + r.num_scheduled - rejected

@@ -78,7 +78,7 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
         self.plan: dict[str, ExternalHit] = {}
-        self.orders: list[LoadOrder] = []  # drained by the harness every step
+        self.orders: list[LoadOrder] = []  # drained every step (take_orders)
         self._step_orders: list[LoadOrder] = []
         # saving (EngineConfig.connector_save): requests finished since the harness last drained
         self.save_requests = False
@@ -95,6 +95,13 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
         self.hash_block_size = 0
         self.divergent_hits = False  # EngineConfig.connector_divergent_hits
         self._matched: dict[str, tuple[int, Any]] = {}
+
+    def take_orders(self) -> dict[str, LoadOrder]:
+        """This step's load orders, by request, and forget them (the harness and the model-less
+        loops drain them after every schedule)."""
+        orders = {o.request_id: o for o in self.orders}
+        self.orders.clear()
+        return orders
 
     @property
     def supports_divergent_local_hybrid_hits(self) -> bool:

@@ -60,8 +60,7 @@ class ConstantWorker:
                 self.known[rid] = session.request(rid).num_tokens
                 self.proposed.discard(rid)
         if self.connector is not None:  # this schedule's load orders: the async ones finish in this forward
-            batch.recv_done |= {o.request_id for o in self.connector.orders if o.load_async}
-            self.connector.orders.clear()
+            batch.recv_done |= {rid for rid, o in self.connector.take_orders().items() if o.load_async}
         rows = []
         for rid, n in out.num_scheduled_tokens.items():
             req = session.request(rid)

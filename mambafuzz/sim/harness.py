@@ -534,7 +534,7 @@ class _Runner:
         are the requests that could be admitted by that schedule()."""
         session = self.session
         out = batch.out
-        connector_orders = self._drain_connector() if self.connector is not None else {}
+        connector_orders = self.connector.take_orders() if self.connector is not None else {}
 
         mirror = self.mirror
         for dst, state in mirror.before_forward(out):
@@ -632,12 +632,6 @@ class _Runner:
         """Arrived and not finished."""
         live = self.live.get(rid)
         return live is not None and live.req.status not in vb.FINISHED_STATUSES  # `not is_finished()`
-
-    def _drain_connector(self) -> dict:
-        """The connector's orders of this step's schedule, by request."""
-        orders = {o.request_id: o for o in self.connector.orders}
-        self.connector.orders.clear()
-        return orders
 
     def _recv_progress(self, rec: StepRecord, new: dict) -> tuple[dict, set[str]]:
         """One forward of the async loads in flight: `new` (this step's orders) start with

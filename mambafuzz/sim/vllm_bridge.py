@@ -182,7 +182,7 @@ def vllm_config_for(e: EngineConfig, max_model_len: int, connector: bool = True)
     vc.scheduler_config.async_scheduling = (default_async_scheduling(vc, e.runner or default_runner(vc))
                                             if e.async_scheduling is None else e.async_scheduling)
     if e.block_size_from_groups:
-        vc.cache_config.mamba_block_size = e.mamba_block_size if e.enable_prefix_caching else max_model_len
+        vc.cache_config.mamba_block_size = mamba_block_for(e, max_model_len)
         vc.cache_config.block_size = engine_core_block_size(kv_cache_config_for(e, 1, max_model_len).kv_cache_groups)
     _VLLM_CONFIGS[key] = vc
     while len(_VLLM_CONFIGS) > MAX_CACHED_CONFIGS:  # a long run draws endless distinct configs
@@ -293,12 +293,15 @@ def engine_core_block_size(groups: typing.Sequence[KVCacheGroupSpec]) -> int:
     return min(cacheable or [g.kv_cache_spec.block_size for g in groups])
 
 
+def mamba_block_for(e: EngineConfig, max_model_len: int) -> int:
+    """The mamba groups' block size. With prefix caching off a real engine sets it to max_model_len
+    (model_executor/models/config.py, HybridAttentionMambaModelConfig): one running state per
+    request plus its speculative blocks, never a table that grows per block."""
+    return e.mamba_block_size if e.enable_prefix_caching else max_model_len
+
+
 def kv_cache_config_for(e: EngineConfig, num_blocks: int, max_model_len: int) -> KVCacheConfig:
-    # With prefix caching off a real engine sets the mamba block to max_model_len
-    # (model_executor/models/config.py, HybridAttentionMambaModelConfig): one running state per
-    # request plus its speculative blocks, never a table that grows per block.
-    mamba_block = e.mamba_block_size if e.enable_prefix_caching else max_model_len
-    groups = list(kv_cache_groups_for(e.attn_block_size, mamba_block, e.enable_prefix_caching,
+    groups = list(kv_cache_groups_for(e.attn_block_size, mamba_block_for(e, max_model_len), e.enable_prefix_caching,
                                    e.num_speculative_tokens if e.uses_spec_decode else 0,
                                    e.num_prefill_checkpoint_blocks, e.prefill_checkpoint_alignment, e.model))
     # vLLM's KV-cache utilities copy the retention interval from CacheConfig into KVCacheConfig, and the
