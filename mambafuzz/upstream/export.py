@@ -149,7 +149,7 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
     engine.pop("max_model_len_slack", None)  # already folded into max_model_len below
     if engine.pop("block_size_from_groups", False):  # left out when off, so earlier exports stay current
         raise ExportError(f"{case.path}: the standalone test cannot set cache_config.block_size below the mamba "
-                          "block (engine.block_size_from_groups) yet (use --style vllm)")
+                          "block (engine.block_size_from_groups) yet; replay it with mambafuzz repro")
     # the scenario connector's save/load behaviours (EngineConfig.connector_*) are the harness's,
     # not a vLLM setting: left out at their defaults, so exports from before them stay current
     defaults = dataclasses.asdict(type(s.engine)())

@@ -39,3 +39,16 @@ def test_the_kept_case_agrees_unmodified_and_disagrees_with_the_bug_planted(name
         found = first_disagreement(s, ("v1", "v2"))
     assert found is not None and signature(found) == expected
     assert first_disagreement(s, ("v1", "v2")) is None  # the patch is gone again
+
+
+def test_a_state_column_seeded_past_the_table_reads_the_null_block_every_time():
+    """V2's driver tables are wider than vLLM's rows, their spare columns the null block: the
+    pre-copy from a column seeded in the wrong units reads block 0, not memory past the tensor
+    (which Triton's interpreter returns differently on each run), and its source is compared."""
+    case, _ = WORKER_MUTANTS["worker_v2_state_column_in_cache_blocks"]
+    s = from_json(json.loads((CASES / case).read_text()))
+    with patching.applied(mutants.patches("worker_v2_state_column_in_cache_blocks")):
+        found = [first_disagreement(s, ("v2",)) for _ in range(2)]
+    assert all(f is not None and f.vllm == found[0].vllm for f in found)
+    ((src, dst),) = found[0].vllm[2]
+    assert src == 0 and dst == found[0].row.block_ids[-1]

@@ -208,3 +208,9 @@ def test_a_case_on_another_model_is_refused_in_one_line():
     case = corpus.load_case(Path(__file__).resolve().parents[2] / "corpus/seeds/nemotron_h_shared_prefix_hits.json")
     with pytest.raises(export.ExportError, match=r"^[^\n]*engine.model nemotron_h_8b cannot be exported yet[^\n]*$"):
         export.test_source(case)
+
+
+def test_a_case_with_block_size_from_groups_is_refused_in_one_line():
+    case = corpus.load_case(ROOT / "corpus/untriaged/finer_group_grid_split_publishes_unaligned_state.json")
+    with pytest.raises(export.ExportError, match=r"^[^\n]*engine.block_size_from_groups[^\n]*mambafuzz repro$"):
+        export.test_source(case)
