@@ -115,34 +115,41 @@ SCHEDULE_RETURNS_OUTPUT = "schedule-returns-output"
 ROW_BLOCKS_AS_TOLD = "row-blocks-as-told"
 
 
-def check_told_blocks(rid: str, told: Sequence[list[int]], held: Sequence[list[int]], read_column: int,
+def check_told_blocks(rid: str, told: Sequence[list[int]], held: Sequence[Sequence[Any]], read_column: int,
                       writes: Sequence[tuple], rest_reads: Sequence[Any], null_block: int,
                       own_scratch: Any) -> None:
     """Raise SchedulerContractError when a column a row read (`read_column`, each other group's in
     `rest_reads`) or wrote (the first two fields of each of `writes`: column, block) holds another
-    block in the worker's table (`told`) than in the manager's (`held`), by ROW_BLOCKS_AS_TOLD's rule.
-    `own_scratch(rid, block)` says whether the request alone holds the block, unhashed."""
-    written = None
+    block in the worker's table (`told`) than in the manager's (`held`: each group's KVCacheBlock
+    list, vLLM's own: `SchedulerSession.mamba_block_lists`), by ROW_BLOCKS_AS_TOLD's rule.
+    `own_scratch(rid, block)` says whether the request alone holds the block, unhashed. It runs
+    per row, so it reads the few columns a row uses in place: align mode nulls skipped blocks in
+    the manager's table only, and the two tables differ on most rows."""
+    columns = {read_column}
+    for write in writes:
+        columns.add(write[0])
+    for read in rest_reads:
+        columns.add(read.read_column)
+    if len(columns) > 1:
+        columns = sorted(columns)
     for g, (worker, manager) in enumerate(zip(told, held)):
-        if worker == manager:
-            continue
-        if written is None:
-            written = {w[0] for w in writes}
-        for c in sorted({read_column, *written, *(r.read_column for r in rest_reads)}):
+        nw, nm = len(worker), len(manager)
+        for c in columns:
             if c < 0:
                 continue
-            w = worker[c] if c < len(worker) else None
-            m = manager[c] if c < len(manager) else None
+            w = worker[c] if c < nw else None
+            m = manager[c].block_id if c < nm else None
             if w == m:
                 continue
+            written = any(x[0] == c for x in writes)
             if m == null_block and w is not None:
-                if c not in written or own_scratch(rid, w):
+                if not written or own_scratch(rid, w):
                     continue
                 why = "which the scheduler nulled there and no longer holds as the request's own scratch block"
             else:
                 why = "but the scheduler's table holds " + ("no block" if m is None else f"block {m}")
             raise SchedulerContractError(ROW_BLOCKS_AS_TOLD, (
-                f"{rid}'s row {'writes' if c in written else 'reads'} mamba block-table column {c} (group {g}): "
+                f"{rid}'s row {'writes' if written else 'reads'} mamba block-table column {c} (group {g}): "
                 f"the worker was told block {w} (SchedulerOutput), {why}"))
 
 
@@ -292,8 +299,11 @@ class _Runner:
                               first_use=(session.allocated_blocks, session.reused_blocks))
                   for _ in groups]
         # The kernel models run on the tables the worker was told (WorkerTables, from each SchedulerOutput);
-        # the manager's own tables (`_held`) are read only to hold the blocks a row uses against them
+        # the manager's own tables are read only to hold the blocks a row uses against them (`_held_blocks`,
+        # vLLM's lists) and to load a request the worker holds no table for yet (`_held`, their ids)
         self._held = session.mamba_tables if len(models) > 1 else lambda rid: (session.mamba_block_ids(rid),)
+        self._held_blocks = (session.mamba_block_lists if len(models) > 1 else
+                             lambda rid: (session.mamba_blocks(rid),))
         self.told = WorkerTables(groups, session.runner)
         self._groups = groups
         self._null = session.null_block_id
@@ -316,6 +326,7 @@ class _Runner:
         self._step: tuple = ()  # (record, batch event, admissible requests) of the step running
         self._state_block_size = e.mamba_block_size if prefix_caching else None  # check_row's grid
         self.in_flight_aborts: list[str] = []  # delivered by the aborts queue at the next update
+        self._walked_free: int | None = None  # the free count at the pool's last walk (`_pool_facts`)
         self._inserted = session.inserted_blocks  # the mamba blocks keyed since it was last cleared
         if self.async_mode:
             session.cache_keys_version()  # install the key watch before the first schedule()
@@ -404,14 +415,17 @@ class _Runner:
         """The step's resource facts: the pool's accounting, the blocks in use, LRU evictions, and
         the blocks of a request that holds blocks alone (the capacity vLLM promised at start-up)."""
         session, trace = self.session, self.trace
-        # The pool's accounting walks every block: each step on pools of up to POOL_WALK_EVERY_STEP blocks
-        # (the generators' pools, mostly), every 8th step and at the end (`run`) on larger ones
-        if trace.num_blocks <= POOL_WALK_EVERY_STEP or not step % 8:
+        # The pool's accounting walks every block: every 8th step, at the end of a run (`run`), and, on pools of
+        # up to POOL_WALK_EVERY_STEP blocks (the generators' pools, mostly), after each step that moved the free
+        # count. Most steps leave it as it was (85% of generated ones: decodes inside a block). A fault in the
+        # counts stays until a block is taken or freed again (an unqueued zero count, a negative one, a queue
+        # counter off), so the next walk sees it, at most 7 steps later; one that a later step undoes while the
+        # free count stands still is not seen.
+        free = session.num_free_blocks()
+        if not step % 8 or (free != self._walked_free and trace.num_blocks <= POOL_WALK_EVERY_STEP):
             counts = session.pool_counts()
             trace.pool.append((step, *counts))
-            free = counts[0]
-        else:
-            free = session.num_free_blocks()
+            free = self._walked_free = counts[0]
         used = trace.num_blocks - 1 - free  # the null block is never free, and holds nothing
         if used > trace.peak_blocks:
             trace.peak_blocks = used
@@ -787,7 +801,8 @@ class _Runner:
         spec_row, row = self.mirror.run_row(rid, tables, start, n, drafts, truth, num_prompt,
                                             live.prefill_len or num_prompt)
         read_column, read_block, read_state, outputs, writes = row
-        held = self._held(rid)  # the scheduler's tables: they do not change until the next schedule()
+        # the scheduler's tables: they do not change until the next schedule()
+        held = self._held_blocks(rid)
         check_told_blocks(rid, tables, held, read_column, writes,
                           self.mirror.rest_reads if len(tables) > 1 else (), self._null, self.session.own_scratch)
         if spec_row:

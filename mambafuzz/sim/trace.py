@@ -192,8 +192,9 @@ class Trace:
     group_reserves: tuple[int, ...] = ()  # blocks the check reserves per KV-cache group for one request
     group_kinds: tuple[str, ...] = ()  # "mamba" or the group's spec class, per KV-cache group
     group_block_sizes: tuple[int, ...] = ()  # each KV-cache group's block size
-    # (step, free count the pool reports, unreferenced blocks, blocks with a negative count) after each step
-    # (pools over harness.POOL_WALK_EVERY_STEP blocks: every 8th step), and at the end of a run that ended
+    # (step, free count the pool reports, unreferenced blocks, blocks with a negative count) after each step that
+    # moved the free count (pools over harness.POOL_WALK_EVERY_STEP blocks: none), every 8th step, and at the end
+    # of a run that ended
     pool: list[tuple[int, int, int, int]] = field(default_factory=list)
     # (step, the one request holding blocks after the step, its blocks per group); steps where its tables hold
     # every block in use only (no other request's, none vLLM holds back as a deferred free)

@@ -16,7 +16,7 @@ import operator
 import os
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from functools import lru_cache
 from pathlib import Path
@@ -526,6 +526,15 @@ class SchedulerSession:
 
     def mamba_block_ids(self, request_id: str) -> list[int]:
         return list(map(_BLOCK_ID, self._mamba_manager.req_to_blocks.get(request_id, ())))
+
+    def mamba_blocks(self, request_id: str) -> Sequence[KVCacheBlock]:
+        """The request's block list in the first mamba group, vLLM's own (read it, never change it)."""
+        return self._mamba_manager.req_to_blocks.get(request_id, ())
+
+    def mamba_block_lists(self, request_id: str) -> tuple[Sequence[KVCacheBlock], ...]:
+        """`mamba_blocks` in every mamba group, in group order: vLLM's own lists, read per scheduled row
+        without copying (`mamba_tables` builds the ids)."""
+        return tuple([m.req_to_blocks.get(request_id, ()) for m in self._mamba_managers])
 
     def mamba_tables(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block table in every mamba group, in group order (the first is `mamba_block_ids`).

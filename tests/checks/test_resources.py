@@ -111,3 +111,31 @@ def test_lru_evictions_are_counted_as_the_pool_makes_them(monkeypatch):
     reported.clear()
     counted = harness.run(scenario({**engine, "num_gpu_blocks": 20}, requests)).lru_evictions
     assert counted and sum(counted.values()) == sum(reported) > 0
+
+
+def test_a_count_fault_on_a_step_that_keeps_the_free_count_is_seen_by_the_next_walk(monkeypatch):
+    """The pool is walked after each step that moved its free count and every 8th step
+    (harness._pool_facts). A negative count planted on a free block during a decode, which moves no
+    block in or out of the free queue, is reported from the next walk, at most 7 steps later."""
+    from mambafuzz.sim import vllm_bridge as vb
+
+    s = scenario({"mamba_block_size": 32, "attn_block_size": 32, "max_num_batched_tokens": 64,
+                  "num_gpu_blocks": 64}, [{"unique_len": 40, "max_tokens": 24}])
+    clean = evaluate(s, "fixed", efficiency=False)
+    assert clean.verdict.clean and len(clean.trace.pool) < len(clean.trace.steps)  # some steps are not walked
+    planted_at = 10
+    assert planted_at % 8 and planted_at not in {p[0] for p in clean.trace.pool}
+    real = vb.SchedulerSession.feed
+    fed = []
+
+    def feed(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        fed.append(None)
+        if len(fed) == planted_at:  # the update of step 10, a decode inside a block
+            self.block_pool.blocks[-1].ref_cnt = -1  # free, at the free queue's end: never handed out here
+        return out
+
+    monkeypatch.setattr(vb.SchedulerSession, "feed", feed)
+    verdict = evaluate(s, "fixed", efficiency=False, differential=False).verdict
+    finding = next(f for f in verdict.findings if f.kind == "pool_accounting")
+    assert finding.location == "negative-ref-count" and planted_at <= finding.step <= planted_at + 7, finding

@@ -137,7 +137,8 @@ def test_a_wrong_read_in_another_mamba_group_is_a_finding(monkeypatch):
     # start-up reserve (corpus/upstream/async_inflight_state_block_beyond_startup_reserve)
     scenario = with_scheduling(_seed_case("nemotron_h_shared_prefix_hits.json"), "sync")
     assert evaluate(scenario, "fixed").verdict.clean
-    monkeypatch.setattr(vb.SchedulerSession, "mamba_tables", swapping(vb.SchedulerSession.mamba_tables))
+    for view in ("mamba_tables", "mamba_block_lists"):  # the scheduler's tables: ids, and vLLM's own lists
+        monkeypatch.setattr(vb.SchedulerSession, view, swapping(getattr(vb.SchedulerSession, view)))
     monkeypatch.setattr(WorkerTables, "get", swapping(WorkerTables.get))
     verdict = evaluate(scenario, "fixed", differential=False).verdict
     assert not verdict.clean and "mamba KV-cache group 2" in verdict.findings[0].message

@@ -12,27 +12,32 @@ def _group_tables(session: vb.SchedulerSession, rid: str) -> tuple[list[int], ..
 
 def test_mamba_tables_are_each_mamba_groups_block_ids_in_group_order(monkeypatch):
     """Read at every scheduled row, for models with three mamba groups (the tiny model's unrolled
-    path) and with more, and for a request vLLM holds no blocks for: each table is its group's
-    block ids, group by group."""
+    path) and with more, and for a request vLLM holds no blocks for: `mamba_block_lists` hands out
+    each group's own list (not a copy), and `mamba_tables` their block ids, group by group."""
     import random
 
     seen = []
-    real = vb.SchedulerSession.mamba_tables
+    lists, ids = vb.SchedulerSession.mamba_block_lists, vb.SchedulerSession.mamba_tables
 
     def checked(self, rid):
-        tables = real(self, rid)
+        got = lists(self, rid)
+        managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
+        assert type(got) is tuple and len(got) == len(self.mamba_groups)
+        assert all(mine is managers[g].req_to_blocks[rid] for mine, g in zip(got, self.mamba_groups))
+        tables = ids(self, rid)
         assert tables == _group_tables(self, rid) and type(tables) is tuple
         assert all(type(t) is list for t in tables)
         seen.append(len(tables))
-        return tables
+        return got
 
-    monkeypatch.setattr(vb.SchedulerSession, "mamba_tables", checked)
+    monkeypatch.setattr(vb.SchedulerSession, "mamba_block_lists", checked)
     rng = random.Random(5)
     for _ in range(6):
         harness.run(random_scenario(rng))
     assert 3 in seen and len(set(seen)) > 1
     session = vb.SchedulerSession(random_scenario(rng).engine, 64, 4096, None, False)
-    assert real(session, "nobody") == ([],) * len(session.mamba_groups)
+    assert ids(session, "nobody") == ([],) * len(session.mamba_groups)
+    assert lists(session, "nobody") == ((),) * len(session.mamba_groups)
 
 
 def test_finished_statuses_are_the_ones_a_request_calls_finished():

@@ -58,8 +58,13 @@ def never_scratch(rid, block):
     return False
 
 
+def _blocks(*ids: int) -> list[SimpleNamespace]:
+    """A manager's table as check_told_blocks reads it: vLLM's block objects (only their ids are read)."""
+    return [SimpleNamespace(block_id=i) for i in ids]
+
+
 def test_the_rule_on_tables_a_row_uses():
-    told, held = ([0, 4, 5, 6],), ([0, 4, 0, 7],)
+    told, held = ([0, 4, 5, 6],), (_blocks(0, 4, 0, 7),)
     # a row that reads column 3, where the scheduler holds another real block: swapped without a message
     with pytest.raises(harness.SchedulerContractError) as exc:
         harness.check_told_blocks("r", told, held, 3, [], (), 0, never_scratch)
@@ -72,6 +77,11 @@ def test_the_rule_on_tables_a_row_uses():
         harness.check_told_blocks("r", told, held, 1, [(2, 5)], (), 0, never_scratch)
     # columns no row uses may differ
     harness.check_told_blocks("r", told, held, 1, [(1, 4)], (), 0, never_scratch)
+    # past the manager's table there is no block; the first bad column is named, in column order
+    with pytest.raises(harness.SchedulerContractError, match="column 3 .*block 7"):
+        harness.check_told_blocks("r", told, held, 5, [(3, 6)], (), 0, never_scratch)
+    with pytest.raises(harness.SchedulerContractError, match="column 5 .*holds no block"):
+        harness.check_told_blocks("r", ([0, 4, 5, 6, 8, 9],), held, 5, [], (), 0, never_scratch)
 
 
 # Found by the PR job (ci/pr-fuzz 120 against the installed vLLM) with the mutant planted, from
