@@ -134,6 +134,10 @@ class Violation:
     signature: str
     message: str = ""
     fine_signature: str | None = None
+    # How far past its base the input goes (efficiency_regression: the figures' differences summed
+    # over the figures it is worse on); 0 for every other kind. Triage keeps the largest per fine
+    # signature (PerfFuzz keeps the input that maximises a resource; here the resource is the gap).
+    gap: int = 0
 
     @property
     def fine(self) -> str:
@@ -149,13 +153,18 @@ class Violation:
         return cls(finding.signature, finding.message, finding.fine_signature)
 
     def to_json(self) -> dict[str, Any]:
-        return {"signature": self.signature, "message": self.message, "fine_signature": self.fine_signature}
+        data: dict[str, Any] = {"signature": self.signature, "message": self.message,
+                                "fine_signature": self.fine_signature}
+        if self.gap:
+            data["gap"] = self.gap
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Violation:
         """From `to_json`'s keys (other keys, e.g. the rest of an event, are ignored)."""
         fine = data.get("fine_signature")
-        return cls(str(data["signature"]), str(data.get("message") or ""), None if fine is None else str(fine))
+        return cls(str(data["signature"]), str(data.get("message") or ""), None if fine is None else str(fine),
+                   int(data.get("gap") or 0))
 
 
 def kind_of(signature: str) -> str:

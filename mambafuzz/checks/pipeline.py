@@ -96,6 +96,11 @@ class Judge:
         v = self._violation(scenario)
         return None if v is None else v.fine_signature
 
+    def failure_of(self, scenario: Scenario) -> tuple[str, int] | None:
+        """(coarse signature, gap) `scenario` fails with; None when clean or unusable."""
+        v = self._violation(scenario)
+        return None if v is None else (v.signature, v.gap)
+
 
 def oracle_judge(split: str) -> Judge:
     return Judge(split, lambda s: violation_of(s, split), lambda path, sig: f"mambafuzz repro {path} --split {split}")

@@ -59,7 +59,8 @@ def regression(ours: dict[str, int], theirs: dict[str, int], allowed: frozenset[
         return None
     side_by_side = "; ".join(f"{FIGURES[n][0]} {ours[n]} here vs {theirs[n]} on the base" for n in worse)
     location = "+".join(worse)
-    return Violation(f"{KIND}:{location}", f"the PR's vLLM does more work than its base: {side_by_side}")
+    return Violation(f"{KIND}:{location}", f"the PR's vLLM does more work than its base: {side_by_side}",
+                     gap=sum(abs(ours[n] - theirs[n]) for n in worse))
 
 
 def gated_judge(split: str, base, allowed: frozenset[str] = frozenset()) -> Judge:

@@ -179,10 +179,12 @@ class Campaign:
             self.pre_existing.append(event)
             self.say(f"PRE-EXISTING {Violation.from_json(event).signature} (the base shows it too) -> {event.get('path')}")
         elif kind == "finding":
+            if event.get("replaces"):  # a larger gap, saved over the case filed at the same path
+                self.filed = [e for e in self.filed if e.get("path") != event.get("path")]
             self.filed.append(event)
             if self.first_finding is None and not event.get("flaky"):
                 self.first_finding = self.elapsed()
-            tag = "FLAKY" if event.get("flaky") else "FOUND"
+            tag = "FLAKY" if event.get("flaky") else "LARGER GAP" if event.get("replaces") else "FOUND"
             self.say(f"{tag} {Violation.from_json(event).signature} reproduced {event.get('reproduced')} -> {event.get('path')} "
                      f"(minimized to {event.get('requests')} requests, {event.get('tokens')} tokens in "
                      f"{event.get('minimize_seconds')}s)")

@@ -147,7 +147,7 @@ class Runtime:
 
     def report_finding(self, filed: Filed) -> None:
         emit("finding", **filed.violation.to_json(), path=str(filed.path), flaky=filed.flaky,
-             pre_existing=filed.pre_existing,
+             pre_existing=filed.pre_existing, **({"replaces": True} if filed.replaces else {}),
              reproduced=filed.repro_rate, requests=filed.size[0], tokens=filed.size[2],
              minimize_seconds=round(filed.minimize_seconds, 2),
              seconds=round(time.monotonic() - self.started, 2))

@@ -33,6 +33,7 @@ from mambafuzz.sim.vllm_compat.about import vllm_version
 from mambafuzz.store.finding_store import FiledSignatures
 
 REPRO_RUNS = 3
+MAX_REGAPS = 3  # larger gaps saved over a fine signature's first case, each minimized again
 
 
 class FindingDatabase(Protocol):
@@ -79,6 +80,7 @@ class Filed:
     minimize_seconds: float
     size: tuple[int, int, int]
     pre_existing: bool = False  # PR mode: the base shows it too (recorded, not minimized, never new)
+    replaces: bool = False  # a larger gap than the case filed before under its fine signature, saved over it
 
     @property
     def signature(self) -> str:
@@ -105,6 +107,9 @@ class Triage:
     base_label: str = ""
     filed: list[Filed] = field(default_factory=list)
     pre_existing: list[Filed] = field(default_factory=list)
+    # fine signature -> the gap of the case filed under it (efficiency regressions; this campaign's only)
+    largest_gap: dict[str, int] = field(default_factory=dict)
+    regaps: dict[str, int] = field(default_factory=dict)  # fine signature -> cases saved over the first
     duplicates: int = 0
     attributed: dict[str, int] = field(default_factory=dict)  # known bug -> instances seen
 
@@ -177,8 +182,10 @@ class Triage:
         checkpoint bug)."""
         signature, fine = violation.signature, violation.fine
         if fine in self.new_signatures:
-            self.duplicates += 1
-            return None
+            if not self._larger_gap(violation):
+                self.duplicates += 1
+                return None
+            self.regaps[fine] = self.regaps.get(fine, 0) + 1
         on_base = self.base(scenario)
         base_meta = {"base": {"where": self.base_label, "signature": on_base}}
         if on_base == signature:
@@ -201,11 +208,20 @@ class Triage:
                           {**base_meta, **({"attribution": label.to_json()} if label is not None else {})},
                           None, "")
 
+    def _larger_gap(self, violation: Violation) -> bool:
+        """Whether `violation` goes further past its base than the case filed under its fine
+        signature (kept: the largest gap is the most telling case of a regression), at most
+        MAX_REGAPS times a signature, since each one is minimized again."""
+        filed = self.largest_gap.get(violation.fine)
+        return filed is not None and violation.gap > filed and self.regaps.get(violation.fine, 0) < MAX_REGAPS
+
     def _file(self, scenario: Scenario, violation: Violation, origin: dict, raw: bytes | None,
               keeps: Callable[[Scenario], bool], extra: dict, lookalike: attribution.KnownBug | None,
               why_not: str) -> Filed:
-        """Re-run, minimize (keeping the coarse signature and `keeps`) and save a new finding."""
-        signature, fine, message = violation.signature, violation.fine, violation.message
+        """Re-run, minimize (keeping the coarse signature, at least the gap, and `keeps`) and save a
+        new finding, or a larger gap over the case its fine signature filed before."""
+        signature, fine, message, gap = violation.signature, violation.fine, violation.message, violation.gap
+        replaces = fine in self.new_signatures
         self.new_signatures.add(fine)
         judge = self.judge
         key = f"{judge.label}-{fine}"
@@ -219,8 +235,11 @@ class Triage:
         if flaky:
             small, seconds = scenario, 0.0
         else:
-            result = self.minimizer(scenario, lambda c: judge.signature_of(c) == signature and keeps(c),
-                                    time_budget=self.minimize_budget)
+            def still_fails(c: Scenario) -> bool:
+                failure = judge.failure_of(c)
+                return failure is not None and failure[0] == signature and failure[1] >= gap and keeps(c)
+
+            result = self.minimizer(scenario, still_fails, time_budget=self.minimize_budget)
             small, seconds = result.scenario, time.monotonic() - t0
         path = self.store.path_for(key, flaky=flaky)
         # Minimizing keeps the coarse signature; the mechanism may move, so the file says both.
@@ -233,11 +252,14 @@ class Triage:
                           "seconds": round(seconds, 2), "from_size": list(scenario.size())},
             "repro": judge.repro(path, signature), **judge.meta, **extra,
         }
+        if gap:
+            failure = judge.failure_of(small) if small is not scenario else (signature, gap)
+            meta["gap"] = self.largest_gap[fine] = failure[1] if failure is not None else gap
         self.store.save(path, small, meta, f"found by {origin.get('engine', '?')}: {message}")
-        filed = Filed(violation, path, flaky, rate, seconds, small.size())
-        self.filed.append(filed)
+        filed = Filed(violation, path, flaky, rate, seconds, small.size(), replaces=replaces)
+        self.filed = [f for f in self.filed if f.violation.fine != fine] + [filed]
         if self.announce:
-            tag = "FLAKY" if flaky else "FOUND"
+            tag = "FLAKY" if flaky else "LARGER GAP" if replaces else "FOUND"
             like = f"; NOT the known {lookalike.name} ({why_not})" if lookalike is not None else ""
             print(f"{tag} {fine} reproduced {rate} -> {path} (minimized to {small.size()[0]} requests, "
                   f"{small.size()[2]} tokens in {seconds:.1f}s){like}", flush=True)

@@ -22,6 +22,7 @@ def test_regression_names_each_worse_figure_in_a_fixed_order():
     v = efficiency_gate.regression({"hits": 0, "steps": 8, "blocks": 21}, base)
     assert v.signature == "efficiency_regression:hits+steps+blocks"
     assert "prefix-hit tokens served 0 here vs 192 on the base" in v.message
+    assert v.gap == 192 + 2 + 1  # how far past the base, summed over the worse figures
     allowed = efficiency_gate.check_allowed(["steps"])
     assert efficiency_gate.regression({"hits": 0, "steps": 8, "blocks": 20}, base, allowed).signature \
         == "efficiency_regression:hits"

@@ -63,3 +63,64 @@ def test_a_finding_event_without_a_signature_is_log_not_an_event():
     assert parse_event('@@event {"event":"finding","pid":1,"path":"x.json"}') is None
     assert Violation.from_json(parse_event('@@event {"event":"finding","pid":1,"signature":"stall:x"}')) == \
         Violation("stall:x")
+
+
+def test_pr_mode_keeps_the_largest_gap_and_minimizes_without_shrinking_it(tmp_path):
+    """An efficiency regression's fine signature is filed once; a later input that goes further
+    past the base (a larger `gap`) is saved over it (at most MAX_REGAPS times), and minimizing
+    keeps at least its gap: a smaller case with a smaller gap is not accepted."""
+    import dataclasses
+
+    from mambafuzz.checks.pipeline import Judge
+    from mambafuzz.search import triage as triage_mod
+    from mambafuzz.search.minimizer import MinimizeResult
+
+    def with_gap(gap: int):  # the scenario's token seed stands for how far past its base it goes
+        return dataclasses.replace(first_chunk_scenario(), token_seed=gap)
+
+    def verdict(s):
+        return Violation("efficiency_regression:hits", f"hits {s.token_seed} fewer", gap=s.token_seed)
+
+    tried: list[tuple[int, bool]] = []
+
+    def minimizer(scenario, still_fails, time_budget):
+        smaller = with_gap(scenario.token_seed - 1)  # a candidate that keeps the signature, not the gap
+        tried.append((smaller.token_seed, still_fails(smaller)))
+        return MinimizeResult(scenario, 1, 0, 0.0, False)
+
+    t = triage_mod.Triage(FindingStore(tmp_path), "fixed", judge=Judge("fixed", verdict, lambda p, s: "repro"),
+                          minimizer=minimizer, base=lambda s: None, announce=False)
+    first = t.handle(with_gap(2), verdict(with_gap(2)), {"input": "test"})
+    assert first is not None and not first.replaces and tried == [(1, False)]
+    assert t.handle(with_gap(1), verdict(with_gap(1)), {}) is None and t.duplicates == 1  # a smaller gap
+    larger = t.handle(with_gap(5), verdict(with_gap(5)), {})
+    assert larger is not None and larger.replaces and larger.path == first.path and tried[-1] == (4, False)
+    assert [f.violation.gap for f in t.filed] == [5]
+    assert json.loads(first.path.read_text())["finding"]["gap"] == 5
+    for gap in range(6, 6 + triage_mod.MAX_REGAPS):
+        t.handle(with_gap(gap), verdict(with_gap(gap)), {})
+    assert t.regaps == {"efficiency_regression:hits": triage_mod.MAX_REGAPS}
+    assert [f.violation.gap for f in t.filed] == [6 + triage_mod.MAX_REGAPS - 2]
+
+
+def test_a_gap_crosses_the_worker_boundary_and_other_kinds_carry_none():
+    v = Violation("efficiency_regression:steps", "m", gap=3)
+    assert Violation.from_json(v.to_json()) == v
+    assert "gap" not in Violation("slot_hash:short").to_json()
+
+
+def test_the_supervisor_lists_a_larger_gap_once_in_place_of_the_case_it_replaced():
+    import io
+    from types import SimpleNamespace
+
+    from mambafuzz.search.supervisor import Campaign
+
+    out = io.StringIO()
+    campaign = Campaign(SimpleNamespace(stats_file=None), out)
+    worker = SimpleNamespace()
+    base = {"event": "finding", "pid": 1, "signature": "efficiency_regression:hits", "path": "f.json"}
+    campaign.handle(worker, "@@event " + json.dumps({**base, "gap": 2}))
+    campaign.handle(worker, "@@event " + json.dumps({**base, "path": "g.json", "signature": "stall:x"}))
+    campaign.handle(worker, "@@event " + json.dumps({**base, "gap": 5, "replaces": True}))
+    assert [(e["path"], e.get("gap")) for e in campaign.filed] == [("g.json", None), ("f.json", 5)]
+    assert "LARGER GAP efficiency_regression:hits" in out.getvalue()
