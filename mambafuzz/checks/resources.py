@@ -183,8 +183,9 @@ def _capacity(trace: Trace, nocache: bool) -> Finding | None:
 
 
 def check_capacity(trace: Trace, uncached: Trace | None = None) -> Finding | None:
-    """vLLM's start-up check (vllm/v1/core/kv_cache_utils.py `check_enough_kv_cache_memory`,
-    `max_memory_usage_bytes` summed over every layer's spec) admits a pool only if it holds one
+    """vLLM's start-up check (vllm/v1/core/kv_cache_utils.py `get_kv_cache_configs`, which charges
+    each KV-cache group cdiv(`max_memory_usage_bytes`, page size) whole blocks, padding included, and
+    holds the null block back: `_max_memory_usage_bytes_from_groups`) admits a pool only if it holds one
     request of max_model_len tokens alone. So a request that is the only one holding blocks never
     holds more blocks in a KV-cache group than its spec's `max_memory_usage_bytes` over its page
     size (attention: cdiv(max_model_len, block_size); mamba in align mode: 2 + speculative +

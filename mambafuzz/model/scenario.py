@@ -611,14 +611,13 @@ def blocks_for_request(e: EngineConfig, num_tokens: int) -> int:
 
 
 def startup_pool_blocks(e: EngineConfig, max_model_len: int) -> int:
-    """The smallest pool vLLM starts with for `e` (its start-up check, `check_enough_kv_cache_memory`):
+    """The smallest pool vLLM starts with for `e` (the engine's start-up check, `get_kv_cache_configs`):
     one request of `max_model_len` tokens at its largest, per KV-cache group (the attention blocks of
     every token; each mamba group's resident blocks: 2 + speculative + checkpoint in align mode, 1 +
-    speculative with prefix caching off), plus the null block the pool holds back. vLLM sums these per
-    layer and divides by the layers a block spans, so a group padded to the block's span needs a
-    little less: this is never below vLLM's own figure, and equal to it when no group is padded
-    (mambafuzz.sim.vllm_bridge.startup_min_blocks computes vLLM's; tests/sim/test_pool_floor.py
-    compares the two)."""
+    speculative with prefix caching off), plus the null block the pool holds back. The engine charges
+    each group whole blocks, padding included, so this is vLLM's own figure
+    (mambafuzz.sim.vllm_bridge.startup_min_blocks computes it with vLLM's specs;
+    tests/sim/test_pool_floor.py holds the two equal)."""
     spec = e.num_speculative_tokens if e.uses_spec_decode else 0
     per_group = 2 + spec + e.num_prefill_checkpoint_blocks if e.enable_prefix_caching else 1 + spec
     return -(-max_model_len // e.attn_block_size) + get_architecture(e.model).mamba_groups * per_group + 1

@@ -62,7 +62,6 @@ from mambafuzz.sim.vllm_compat.api import (  # noqa: E402
     init_none_hash,
     is_mamba_prefill_checkpoint_valid,
     make_block_hash_with_group_id,
-    max_memory_usage_bytes,
     platforms_module,
     resolve_kv_cache_block_sizes,
     sha256,
@@ -711,14 +710,9 @@ class SchedulerSession:
 
 
 def startup_min_blocks(e: EngineConfig, max_model_len: int) -> int:
-    """The smallest pool vLLM starts an engine with for this config: its start-up check
-    (`check_enough_kv_cache_memory`, v1/core/kv_cache_utils.py in 0.32) wants the memory of one
-    request of `max_model_len` tokens at its largest, `max_memory_usage_bytes` summed over every
-    layer's spec (attention: a block per `block_size` tokens; mamba in align mode: 2 + speculative
-    + checkpoint blocks), beside the null block the pool holds back; a block spans one page of
-    every layer of the largest KV-cache group. Computed with vLLM's own sum on this config's specs.
-    (The bytes per block are taken unpadded, the block-outermost layout: a padded layout only
-    lowers the minimum.)"""
+    """The smallest pool vLLM starts an engine with for this config: its start-up check wants, per
+    KV-cache group, the blocks of one request of `max_model_len` tokens at its largest (`startup_budget`),
+    beside the null block the pool holds back."""
     try:
         kv_cache_config = kv_cache_config_for(e, 1, max_model_len)
     except features.FeatureAbsent as exc:
@@ -741,15 +735,17 @@ def startup_budget(vc: VllmConfig, groups: typing.Sequence[KVCacheGroupSpec], ma
                    ) -> tuple[int, tuple[int, ...]]:
     """What vLLM's start-up check promises for `groups`: the smallest pool it starts with
     (`startup_min_blocks`), and the blocks it reserves in each group for one request of
-    `max_model_len` tokens (each group's spec's `max_memory_usage_bytes` over its page size:
-    cdiv(max_model_len, block_size) for attention, 2 + speculative + checkpoint blocks for mamba in
-    align mode), the capacity a request alone may hold."""
+    `max_model_len` tokens, the capacity a request alone may hold. The engine's check
+    (`get_kv_cache_configs`, v1/core/kv_cache_utils.py:2628-2646 in 0.32) charges each group whole
+    blocks, cdiv(its spec's `max_memory_usage_bytes`, its page size) (attention: a block per
+    `block_size` tokens; mamba in align mode: 2 + speculative + checkpoint blocks), each block at the
+    pool's bytes per block (one page of every layer of the largest group, so a group padded to that
+    span pays for its padding: `_max_memory_usage_bytes_from_groups`, :2337-2366), and holds the null
+    block back (:2628-2633). So the minimum is the groups' blocks plus one."""
     sized = at_max_model_len(vc, max_model_len)  # the check reads the engine's own
-    specs = [g.kv_cache_spec for g in groups for _ in g.layer_names]
-    need = max_memory_usage_bytes(sized, specs)
-    per_block = max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
-    reserves = tuple(g.kv_cache_spec.max_memory_usage_bytes(sized) // g.kv_cache_spec.page_size_bytes for g in groups)
-    return -(-need // per_block) + 1, reserves
+    reserves = tuple(-(-g.kv_cache_spec.max_memory_usage_bytes(sized) // g.kv_cache_spec.page_size_bytes)
+                     for g in groups)
+    return sum(reserves) + 1, reserves
 
 
 # vLLM >= 0.32 hands a producer-side connector the exact blocks holding mamba "align" boundary states

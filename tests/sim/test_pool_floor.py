@@ -1,10 +1,11 @@
 """The pool floor a scenario may name (mambafuzz.model.scenario.min_pool_blocks) against vLLM's own
-start-up minimum (mambafuzz.sim.vllm_bridge.startup_min_blocks, vLLM's `max_memory_usage_bytes`):
-never below it, so no drawn pool is one vLLM refuses, and equal to it where no KV-cache group is
-padded, so the generators reach the tightest pool vLLM starts with."""
+start-up minimum (mambafuzz.sim.vllm_bridge.startup_min_blocks, the engine's per-group check):
+equal to it, so no drawn pool is one vLLM refuses and the generators reach the tightest pool vLLM
+starts with; and the bridge's minimum is the one vLLM's own check computes."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 
@@ -34,10 +35,33 @@ def test_floor_is_vllms_startup_minimum(model, caching, spec, ckpt):
                      mamba_block_size=1600, attn_block_size=1600, max_num_batched_tokens=2048)
     for max_model_len in (1, 1600, 1601, 5000):
         ours, vllms = startup_pool_blocks(e, max_model_len), vb.startup_min_blocks(e, max_model_len)
-        if model == DEFAULT_MODEL:  # one layer per group: nothing padded
-            assert ours == vllms, (max_model_len, ours, vllms)
-        else:
-            assert vllms <= ours <= vllms + 2, (max_model_len, ours, vllms)
+        assert ours == vllms, (max_model_len, ours, vllms)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("spec,ckpt", [(0, 0), (2, 1)])
+def test_the_bridges_minimum_is_the_one_vllms_engine_check_computes(model, spec, ckpt):
+    """vLLM 0.32's engine checks memory per KV-cache group (`get_kv_cache_configs` ->
+    `_max_memory_usage_bytes_from_groups`, which charges a padded group its padding) after holding
+    the null block back: the smallest pool it starts with is the smallest N whose memory, N blocks
+    at the pool's bytes per block, passes that check. Until 2026-12-06 the bridge summed
+    `max_memory_usage_bytes` per layer instead (the helper nothing in the engine calls), one block
+    short on padded layouts (Qwen3-Next-80B with MTP): a pool vLLM refuses looked like one it
+    accepts, and the capacity oracle filed it."""
+    from vllm.v1.core import kv_cache_utils as kvu
+
+    e = EngineConfig(model=model, spec_method="mtp" if spec else "none", num_speculative_tokens=spec,
+                     num_prefill_checkpoint_blocks=ckpt, mamba_block_size=8, attn_block_size=8,
+                     max_num_batched_tokens=64)
+    for max_model_len in (238, 1601):
+        groups = vb.kv_cache_config_for(e, 1, max_model_len).kv_cache_groups
+        vc = copy.copy(vb.at_max_model_len(vb._checked_config(e, max_model_len, False), max_model_len))
+        vc.cache_config = copy.copy(vc.cache_config)
+        vc.cache_config.kv_cache_layout = "BLHNC"  # the engine core resolves one; the minimum does not depend on it
+        per_block = kvu._pool_bytes_per_block(vc, groups)
+        need = kvu._max_memory_usage_bytes_from_groups(vc, groups)
+        smallest = next(n for n in range(1, 100_000) if n * per_block - per_block >= need)
+        assert vb.startup_min_blocks(e, max_model_len) == smallest, (model, max_model_len)
 
 
 def test_generated_scenarios_floor_matches_vllm():

@@ -8,7 +8,7 @@ holds one state column more per mamba group than synchronously, and the in-fligh
 prefill checkpoint blocks with it. `MambaSpec.max_memory_usage_bytes`
 (v1/kv_cache_interface.py:1076-1080) still reserves `2 + num_speculative_blocks +
 num_prefill_checkpoint_blocks` pages, the synchronous figure, and the start-up check
-(`check_enough_kv_cache_memory`) and the admission estimate read it. The wrap adds `1 +
+(`get_kv_cache_configs`, per KV-cache group) and the admission estimate read it. The wrap adds `1 +
 num_prefill_checkpoint_blocks` pages per batch that can be in flight behind the one being
 scheduled (one; a pipeline's stages under V2).
 """

@@ -33,11 +33,6 @@ SYMBOLS: dict[str, tuple[Place, ...]] = {
         Place("vllm.v1.core.kv_cache_planning", "_get_kv_cache_groups_uniform_page_size"),
         Place(_KVU, "_get_kv_cache_groups_uniform_page_size"),
     ),
-    # The start-up check's sum of one request's largest KV-cache use (0.33 moved it with the grouping).
-    "max_memory_usage_bytes": (
-        Place("vllm.v1.core.kv_cache_planning", "max_memory_usage_bytes"),
-        Place(_KVU, "max_memory_usage_bytes"),
-    ),
     **_at("vllm.v1.core.sched.output", "SchedulerOutput"),
     **_at("vllm.v1.core.sched.scheduler", "Scheduler"),
     **_at("vllm.v1.core.single_type_kv_cache_manager", "MambaManager"),
