@@ -241,6 +241,8 @@ NO_CRASH = "no_crash"  # schedule() does not raise
 FRESH_PROMPT_NOT_SPEC_ROW = "fresh_prompt_not_spec_row"  # no request without computed tokens gets drafts
 V1_ACCEPTED_KEPT = "v1_accepted_kept"  # a check of V1's persistent batch, not of the scheduler
 EVERY_REQUEST_FINISHES = "every_request_finishes"  # within the step bound; names each request left unfinished
+POOL_COUNTS_CONSISTENT = "pool_counts_consistent"  # free count == unreferenced blocks, none negative, all free at the end
+LONE_REQUEST_WITHIN_RESERVE = "lone_request_within_reserve"  # a request alone holds no more than the start-up reserve
 
 
 def _padded_fresh_prompt(location: str) -> str | None:
@@ -273,8 +275,10 @@ register(Oracle.of(Inefficiency))
 # The resource oracles (mambafuzz/checks/resources.py): judged after the built-in checks, so a wrong
 # state, a crash or a stall stays the primary finding of a run that also wastes resources.
 register(Oracle("missed_hit", check="mambafuzz.checks.resources:check_missed_hits"))
-register(Oracle("capacity", check="mambafuzz.checks.resources:check_capacity"))
-register(Oracle("pool_accounting", check="mambafuzz.checks.resources:check_pool_accounting"))
+register(Oracle("capacity", check="mambafuzz.checks.resources:check_capacity",
+                export=lambda location: LONE_REQUEST_WITHIN_RESERVE))
+register(Oracle("pool_accounting", check="mambafuzz.checks.resources:check_pool_accounting",
+                export=lambda location: POOL_COUNTS_CONSISTENT))
 # PR mode's efficiency gate (mambafuzz/search/efficiency_gate.py): judged against the base's figures by the
 # campaign's judge, not by a check of one run's traces.
 register(Oracle("efficiency_regression"))

@@ -26,7 +26,9 @@ from pathlib import Path
 
 from mambafuzz.findings import (
     EVERY_REQUEST_FINISHES,
+    LONE_REQUEST_WITHIN_RESERVE,
     ORACLES,
+    POOL_COUNTS_CONSISTENT,
     PUBLISHED_STATE_WRITTEN,
     V1_ACCEPTED_KEPT,
     export_assertion,
@@ -37,7 +39,15 @@ from mambafuzz.model import runners as model_runners
 from mambafuzz.model.architectures import DEFAULT_MODEL
 from mambafuzz.model.scenario import ample_pool_blocks
 from mambafuzz.store.corpus import Case
-from mambafuzz.upstream.standalone_template import TEMPLATE
+from mambafuzz.upstream.standalone_template import (
+    POOL_AFTER_UPDATE,
+    POOL_AT_END,
+    RESERVE_AFTER_SCHEDULE,
+    RESERVE_AFTER_UPDATE,
+    RESERVE_SETUP,
+    RESOURCE_HELPERS,
+    TEMPLATE,
+)
 from mambafuzz.upstream.v1_template import V1_ACCEPTED_TEMPLATE
 from mambafuzz.upstream.vllm_template import (
     ADMISSION_TEMPLATE,
@@ -167,8 +177,22 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
         why=why.strip() + "\n" if why.strip() else "", engine=json.dumps(engine), requests=json.dumps(requests),
         num_blocks=s.engine.num_gpu_blocks or ample_pool_blocks(s), max_model_len=s.max_model_len(),
         max_steps=s.liveness_bound(), check=check_for(sig), model_config=json.dumps(json.loads(TINY_CONFIG.read_text())),
-        test_name=name,
+        test_name=name, **_resource_parts(check_for(sig)),
     )
+
+
+def _resource_parts(check: str) -> dict[str, str]:
+    """The standalone template's resource placeholders: the code a resource assertion needs, empty
+    for every other check (so their exports are what they were)."""
+    parts = dict.fromkeys(("resource_helpers", "resource_setup", "resource_after_schedule", "resource_after_update",
+                           "resource_at_end"), "")
+    if check == LONE_REQUEST_WITHIN_RESERVE:
+        parts.update(resource_helpers=RESOURCE_HELPERS, resource_setup=RESERVE_SETUP,
+                     resource_after_schedule=RESERVE_AFTER_SCHEDULE, resource_after_update=RESERVE_AFTER_UPDATE)
+    elif check == POOL_COUNTS_CONSISTENT:
+        parts.update(resource_helpers=RESOURCE_HELPERS, resource_after_update=POOL_AFTER_UPDATE,
+                     resource_at_end=POOL_AT_END)
+    return parts
 
 
 def _synchronous_twin(case: Case, sig: str):

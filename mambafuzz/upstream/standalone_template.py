@@ -174,7 +174,7 @@ def check_published(step, manager, written, published):
                 f"{{sorted(written.get(rid, ()))}} (chunk ends, loads, checkpoints)")
 
 
-def test_{test_name}(tmp_path):
+{resource_helpers}def test_{test_name}(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(MODEL_CONFIG))
     sys.modules.setdefault(__name__, importlib.import_module(__name__))
     init_none_hash(sha256)
@@ -182,7 +182,7 @@ def test_{test_name}(tmp_path):
     hasher = get_request_block_hasher(hash_block_size, sha256)
     manager = mamba_manager(scheduler) if ENGINE["enable_prefix_caching"] else None
     requests, written, published = {{}}, {{}}, set()
-    for step in range(MAX_STEPS):
+{resource_setup}    for step in range(MAX_STEPS):
         for r in REQUESTS:
             if r["arrival"] == step:
                 req = Request(request_id=r["id"], prompt_token_ids=list(r["prompt"]),
@@ -198,7 +198,7 @@ def test_{test_name}(tmp_path):
             break
         out = scheduler.schedule()  # CHECK "no_crash": vLLM must not raise here
         ids = list(out.num_scheduled_tokens)
-        # schedule() already advanced num_computed_tokens past this step's chunk
+{resource_after_schedule}        # schedule() already advanced num_computed_tokens past this step's chunk
         starts = {{rid: requests[rid].num_computed_tokens - n for rid, n in out.num_scheduled_tokens.items()}}
         if CHECK == "fresh_prompt_not_spec_row":
             for rid in out.scheduled_spec_decode_tokens:
@@ -223,5 +223,70 @@ def test_{test_name}(tmp_path):
             kv_connector_output=KVConnectorOutput(finished_recving=done) if done else None))
         if CHECK == "published_state_written":
             check_published(step, manager, written, published)
-    assert not scheduler.has_unfinished_requests()
+{resource_after_update}    assert not scheduler.has_unfinished_requests()
+{resource_at_end}'''
+
+
+# The resource assertions' code, in a test only where its CHECK needs it (pasted into TEMPLATE's
+# placeholders, by mambafuzz/upstream/export.py), so the other exports stay as they were.
+RESOURCE_HELPERS = r'''def check_pool(step, pool):
+    """The pool's own counts: the free queue holds exactly the blocks no request references (the
+    null block aside), and no count is negative (vllm/v1/core/block_pool.py free_blocks, touch)."""
+    counts = [block.ref_cnt for block in pool.blocks if not block.is_null]
+    assert min(counts) >= 0, f"step {step}: {sum(c < 0 for c in counts)} block(s) have a negative reference count"
+    assert pool.get_num_free_blocks() == counts.count(0), (
+        f"step {step}: the pool reports {pool.get_num_free_blocks()} free blocks but {counts.count(0)} of its "
+        f"{len(counts)} usable blocks have no reference")
+
+
+def start_up_reserve(scheduler):
+    """The blocks vLLM's start-up check reserves in each KV-cache group for one request of
+    MAX_MODEL_LEN tokens: each group is charged cdiv(max_memory_usage_bytes, page size) whole blocks
+    (get_kv_cache_configs -> _max_memory_usage_bytes_from_groups), and the null block is held back."""
+    import copy
+
+    sized = copy.copy(scheduler.vllm_config)
+    sized.model_config = copy.copy(sized.model_config)
+    sized.model_config.max_model_len = MAX_MODEL_LEN
+    reserve = [-(-g.kv_cache_spec.max_memory_usage_bytes(sized) // g.kv_cache_spec.page_size_bytes)
+               for g in scheduler.kv_cache_config.kv_cache_groups]
+    assert NUM_BLOCKS >= sum(reserve) + 1, "a pool vLLM's start-up check refuses: it promises nothing"
+    return reserve
+
+
+def lone_holder(scheduler):
+    """The request holding blocks alone, with its blocks per group (null blocks aside), when its
+    tables hold every block in use; else None."""
+    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+    holders = {rid for m in managers for rid, blocks in m.req_to_blocks.items() if blocks}
+    if len(holders) != 1:
+        return None
+    (rid,) = holders
+    held = [sum(not b.is_null for b in m.req_to_blocks.get(rid, ())) for m in managers]
+    in_use = NUM_BLOCKS - 1 - scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    return (rid, held) if sum(held) == in_use else None
+
+
 '''
+
+# CHECK "lone_request_within_reserve": the reserve before the first step, the sole holder after each
+RESERVE_SETUP = """    reserve = start_up_reserve(scheduler)
+    alone = None
+"""
+RESERVE_AFTER_SCHEDULE = """        if alone is not None:
+            assert alone[0] not in out.preempted_req_ids, (
+                f"step {step}: {alone[0]} was preempted while it was the only request holding blocks, on a "
+                "pool vLLM's start-up check accepts as holding one request of max_model_len alone")
+"""
+RESERVE_AFTER_UPDATE = """        alone = lone_holder(scheduler)
+        if alone is not None:
+            for group, (held, most) in enumerate(zip(alone[1], reserve)):
+                assert held <= most, (
+                    f"step {step}: {alone[0]}, the only request holding blocks, holds {held} blocks in "
+                    f"KV-cache group {group} where vLLM's start-up check reserved {most}")
+"""
+# CHECK "pool_counts_consistent": the pool's counts after each step, and all free at the end
+POOL_AFTER_UPDATE = """        check_pool(step, scheduler.kv_cache_manager.block_pool)
+"""
+POOL_AT_END = """    assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == NUM_BLOCKS - 1
+"""

@@ -38,9 +38,9 @@ def test_committed_export_is_current_and_imports_no_mambafuzz(path):
 
 @pytest.mark.parametrize("path", ASYNC_ONLY, ids=lambda p: p.stem)
 def test_a_crash_that_needs_async_scheduling_is_refused_in_one_line(path):
-    # refused for needing async scheduling, or (a resource kind) for having no assertion yet: one line either way
-    with pytest.raises(export.ExportError, match=r"needs async scheduling, and the standalone test drives the synchronous"
-                                                 r"|no scheduler-side assertion for capacity:"):
+    # refused for needing async scheduling (the in-flight capacity case: its assertion exists, the standalone
+    # test's synchronous Scheduler holds no batch in flight): one line
+    with pytest.raises(export.ExportError, match=r"needs async scheduling, and the standalone test drives the synchronous"):
         export.test_source(corpus.load_case(path))
 
 
