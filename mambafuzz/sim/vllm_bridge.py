@@ -321,8 +321,6 @@ class CachedMambaEntry(typing.NamedTuple):
 
 
 _BLOCK_ID = operator.attrgetter("block_id")
-_REF_CNT = operator.attrgetter("ref_cnt")
-_IS_NULL = operator.attrgetter("is_null")
 _NO_IDS: frozenset[str] = frozenset()
 
 # The statuses vLLM counts as finished (`RequestStatus.is_finished`, asked once per status):
@@ -641,10 +639,23 @@ class SchedulerSession:
         The null block's count means nothing (free_blocks decrements it like any block, `touch` skips
         nothing for it, and the pool never frees it), so it is left out of both."""
         pool = self.block_pool
-        counts = [*map(_REF_CNT, pool.blocks)]  # C-level passes: a pool of 10,000 blocks costs well under 1 ms
-        counts[self.null_block_id] = 1  # left out of both counts
-        unreferenced = counts.count(0)
-        negative = sum(1 for c in counts if c < 0) if min(counts) < 0 else 0
+        blocks = pool.blocks
+        # One plain loop: Python 3.11 specializes its `ref_cnt` read to a slot load, which halves the
+        # cost of mapping an attrgetter over the pool and then counting and taking the min of the list
+        unreferenced = negative = 0
+        for block in blocks:
+            count = block.ref_cnt
+            if count <= 0:
+                if count:
+                    negative += 1
+                else:
+                    unreferenced += 1
+        count = blocks[self.null_block_id].ref_cnt  # left out of both counts
+        if count <= 0:
+            if count:
+                negative -= 1
+            else:
+                unreferenced -= 1
         return pool.get_num_free_blocks(), unreferenced, negative
 
     def num_free_blocks(self) -> int:
@@ -676,9 +687,13 @@ class SchedulerSession:
         """The blocks `request_id` holds in each KV-cache group, the null block not counted (align
         mode nulls the state blocks it no longer needs: `remove_skipped_blocks`)."""
         held = []
-        for m in self._managers:
+        for m in self._managers:  # run after each step the request holds blocks alone: plain loops (see pool_counts)
             blocks = m.req_to_blocks.get(request_id, ())
-            held.append(len(blocks) - sum(map(_IS_NULL, blocks)))
+            count = len(blocks)
+            for block in blocks:
+                if block.is_null:
+                    count -= 1
+            held.append(count)
         return tuple(held)
 
     def own_scratch(self, request_id: str, block_id: int) -> bool:
