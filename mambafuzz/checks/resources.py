@@ -209,6 +209,16 @@ def _pool(trace: Trace, nocache: bool) -> Finding | None:
                 f"{prefix}step {step}: the pool reports {free} free blocks but {unreferenced} of its "
                 f"{trace.num_blocks - 1} usable blocks have no reference",
                 location=f"{tag}free-count", step=step)
+        mismatch = trace.ref_mismatches.get(step)
+        if mismatch is not None:
+            block, count, held, deferred = mismatch
+            where = "held-but-unreferenced" if count < held + deferred else "unowned-reference"
+            return PoolAccounting(
+                f"{prefix}step {step}: block {block} has a reference count of {count}, but {held} request "
+                f"table entr{'y' if held == 1 else 'ies'} and {deferred} deferred free(s) hold it"
+                + (" (a block in use that the pool may hand out again)" if where == "held-but-unreferenced"
+                   else " (a reference nothing holds: a leak)"),
+                location=f"{tag}ref-conservation/{where}", step=step)
     ended = trace.crash is None and not trace.timed_out and not trace.hit_bound and not trace.unfinished
     if ended and trace.held_at_end:
         return PoolAccounting(f"{prefix}the run ended with every request done, and {', '.join(trace.held_at_end)} "

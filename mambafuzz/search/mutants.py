@@ -202,6 +202,18 @@ def resource_state_freed_late() -> list[Patch]:
     return [Wrap(f"{MAMBA}.remove_skipped_blocks", make)]
 
 
+@mutant("resources: a prefix hit takes one reference too many on its last block (a leak no table holds)")
+def resource_hit_reference_leaked() -> list[Patch]:
+    def make(original):
+        def leaky(self, blocks):
+            original(self, blocks)
+            real = [b for b in blocks if not b.is_null]
+            if real:
+                real[-1].ref_cnt += 1
+        return leaky
+    return [Wrap(f"{POOL}.touch", make)]
+
+
 @mutant("resources: full attention takes one block of slots more than a request's tokens need")
 def resource_attention_block_extra() -> list[Patch]:
     def make(original):

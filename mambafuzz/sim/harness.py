@@ -377,6 +377,9 @@ class _Runner:
             self.trace.held_at_end = self.session.block_holders()
             if self.trace.steps and (not self.trace.pool or self.trace.pool[-1][0] != len(self.trace.steps) - 1):
                 self.trace.pool.append((len(self.trace.steps) - 1, *self.session.pool_counts()))
+                mismatch = self.session.reference_mismatch()
+                if mismatch is not None:
+                    self.trace.ref_mismatches[len(self.trace.steps) - 1] = mismatch
         for rid in self.ids:
             req = self.session.request(rid)
             if rid in self.live:  # what vLLM's Request kept: a worker may run past a stop under async
@@ -426,6 +429,9 @@ class _Runner:
             counts = session.pool_counts()
             trace.pool.append((step, *counts))
             free = self._walked_free = counts[0]
+            mismatch = session.reference_mismatch()
+            if mismatch is not None:
+                trace.ref_mismatches[step] = mismatch
         used = trace.num_blocks - 1 - free  # the null block is never free, and holds nothing
         if used > trace.peak_blocks:
             trace.peak_blocks = used

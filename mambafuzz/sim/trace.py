@@ -196,6 +196,9 @@ class Trace:
     # moved the free count (pools over harness.POOL_WALK_EVERY_STEP blocks: none), every 8th step, and at the end
     # of a run that ended
     pool: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # step -> (block id, its reference count, its entries in request tables, in deferred frees): at the pool's
+    # walks, the first block whose count is not its holders' (SchedulerSession.reference_mismatch)
+    ref_mismatches: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
     # (step, the one request holding blocks after the step, its blocks per group); steps where its tables hold
     # every block in use only (no other request's, none vLLM holds back as a deferred free)
     alone: list[tuple[int, str, tuple[int, ...]]] = field(default_factory=list)

@@ -658,6 +658,33 @@ class SchedulerSession:
                 unreferenced -= 1
         return pool.get_num_free_blocks(), unreferenced, negative
 
+    def reference_mismatch(self) -> tuple[int, int, int, int] | None:
+        """The first block (by id, the null block aside) whose reference count is not the number of
+        places that hold it: its entries in every request's table, in every KV-cache group, plus its
+        entries in the scheduler's deferred frees (`Scheduler.deferred_frees`, blocks of a freed
+        request or a copy-on-write retention an in-flight step may still write). As (block id, its
+        count, table entries, deferred entries); None when every count is its holders'. vLLM 0.32
+        keeps them equal: a block is touched or handed out exactly as it joins a table
+        (single_type_kv_cache_manager.py:303-310, 364-365, 405-406), released exactly as it leaves
+        one or a deferred free drains (562-589, 1592-1641; sched/scheduler.py:2766-2801), and a
+        copy-on-write retention is released or deferred before schedule() returns (1474-1482)."""
+        pool = self.block_pool
+        held = [0] * len(pool.blocks)
+        for m in self._managers:
+            for blocks in m.req_to_blocks.values():
+                for block in blocks:
+                    held[block.block_id] += 1
+        deferred = [0] * len(pool.blocks)
+        for _, blocks in getattr(self.scheduler, "deferred_frees", ()):
+            for block in blocks:
+                deferred[block.block_id] += 1
+        null = self.null_block_id
+        for block in pool.blocks:
+            i = block.block_id
+            if block.ref_cnt != held[i] + deferred[i] and i != null:
+                return i, block.ref_cnt, held[i], deferred[i]
+        return None
+
     def num_free_blocks(self) -> int:
         """The pool's free count, as vLLM reports it."""
         return self.block_pool.get_num_free_blocks()

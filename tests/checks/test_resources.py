@@ -139,3 +139,37 @@ def test_a_count_fault_on_a_step_that_keeps_the_free_count_is_seen_by_the_next_w
     verdict = evaluate(s, "fixed", efficiency=False, differential=False).verdict
     finding = next(f for f in verdict.findings if f.kind == "pool_accounting")
     assert finding.location == "negative-ref-count" and planted_at <= finding.step <= planted_at + 7, finding
+
+
+def test_a_leaked_reference_is_found_when_it_leaks_not_at_the_end():
+    """Every block's reference count is the number of request tables and deferred frees holding it
+    (`pool_accounting:ref-conservation`). A hit that takes one reference too many leaves the pool's
+    counts consistent (the block is simply not free); before this rule only the end of a run that
+    finished saw it (`leaked-at-end`), now the walk after the hit names the block."""
+    from mambafuzz.sim import vllm_bridge as vb
+
+    assert kinds(RESEND) == []
+    with patching.applied(mutants.patches("resource_hit_reference_leaked")):
+        verdict = evaluate(RESEND, "fixed", efficiency=False)
+    finding = verdict.verdict.findings[0]
+    assert finding.signature == "pool_accounting:ref-conservation/unowned-reference", finding
+    admitted = next(rec.step for rec in verdict.trace.steps for a in rec.admissions if a.request_id == "r1")
+    assert admitted <= finding.step < len(verdict.trace.steps) - 1  # mid-run, within a walk of the hit
+    assert "reference count of 2, but 1 request table entry and 0 deferred free(s)" in finding.message
+
+
+def test_reference_mismatch_reads_tables_and_deferred_frees(monkeypatch):
+    """The bridge's count of a block's holders: its table entries plus its deferred frees."""
+    from types import SimpleNamespace
+
+    from mambafuzz.sim import vllm_bridge as vb
+
+    blocks = [SimpleNamespace(block_id=i, ref_cnt=r) for i, r in enumerate([7, 1, 2, 0])]  # block 0: the null block
+    session = SimpleNamespace(block_pool=SimpleNamespace(blocks=blocks), null_block_id=0,
+                              _managers=[SimpleNamespace(req_to_blocks={"a": [blocks[1], blocks[2]]})],
+                              scheduler=SimpleNamespace(deferred_frees=[(3, [blocks[2]])]))
+    assert vb.SchedulerSession.reference_mismatch(session) is None
+    blocks[3].ref_cnt = 1
+    assert vb.SchedulerSession.reference_mismatch(session) == (3, 1, 0, 0)
+    blocks[3].ref_cnt, blocks[2].ref_cnt = 0, 1
+    assert vb.SchedulerSession.reference_mismatch(session) == (2, 1, 1, 1)
