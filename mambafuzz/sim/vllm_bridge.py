@@ -668,21 +668,22 @@ class SchedulerSession:
         (single_type_kv_cache_manager.py:303-310, 364-365, 405-406), released exactly as it leaves
         one or a deferred free drains (562-589, 1592-1641; sched/scheduler.py:2766-2801), and a
         copy-on-write retention is released or deferred before schedule() returns (1474-1482)."""
-        pool = self.block_pool
-        held = [0] * len(pool.blocks)
+        blocks = self.block_pool.blocks
+        holders = [0] * len(blocks)  # by block id (the pool's list is in id order)
         for m in self._managers:
-            for blocks in m.req_to_blocks.values():
-                for block in blocks:
-                    held[block.block_id] += 1
-        deferred = [0] * len(pool.blocks)
-        for _, blocks in getattr(self.scheduler, "deferred_frees", ()):
-            for block in blocks:
-                deferred[block.block_id] += 1
+            for table in m.req_to_blocks.values():
+                for block in table:
+                    holders[block.block_id] += 1
+        deferred_frees = getattr(self.scheduler, "deferred_frees", ())
+        for _, deferred in deferred_frees:
+            for block in deferred:
+                holders[block.block_id] += 1
         null = self.null_block_id
-        for block in pool.blocks:
-            i = block.block_id
-            if block.ref_cnt != held[i] + deferred[i] and i != null:
-                return i, block.ref_cnt, held[i], deferred[i]
+        for block, expected in zip(blocks, holders):
+            if block.ref_cnt != expected and block.block_id != null:
+                i = block.block_id
+                deferred = sum(b.block_id == i for _, d in deferred_frees for b in d)
+                return i, block.ref_cnt, expected - deferred, deferred
         return None
 
     def num_free_blocks(self) -> int:
