@@ -276,7 +276,7 @@ register(Oracle.of(Inefficiency))
 # state, a crash or a stall stays the primary finding of a run that also wastes resources.
 register(Oracle("missed_hit", check="mambafuzz.checks.resources:check_missed_hits"))
 register(Oracle("capacity", check="mambafuzz.checks.resources:check_capacity",
-                export=lambda location: LONE_REQUEST_WITHIN_RESERVE))
+                export=lambda location: None if "allocation-over-estimate" in location else LONE_REQUEST_WITHIN_RESERVE))
 register(Oracle("pool_accounting", check="mambafuzz.checks.resources:check_pool_accounting",
                 export=lambda location: POOL_COUNTS_CONSISTENT))
 # PR mode's efficiency gate (mambafuzz/search/efficiency_gate.py): judged against the base's figures by the

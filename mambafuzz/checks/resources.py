@@ -194,7 +194,22 @@ def check_capacity(trace: Trace, uncached: Trace | None = None) -> Finding | Non
     a step where vLLM still holds a freed request's blocks back (`Scheduler.deferred_frees`,
     v1/core/sched/scheduler.py:186-192, 410-417) is not one. Judged on both runs (prefix caching off promises
     the same), on pools vLLM would start with only."""
-    return _capacity(trace, False) or (_capacity(uncached, True) if uncached is not None else None)
+    return (_capacity(trace, False) or _over_estimate(trace, False)
+            or (_capacity(uncached, True) or _over_estimate(uncached, True) if uncached is not None else None))
+
+
+def _over_estimate(trace: Trace, nocache: bool) -> Finding | None:
+    """An allocation took more blocks than `allocate_slots` checked were free for it
+    (SchedulerSession._watch_estimates: the estimate is the only capacity check, and nothing frees
+    between it and the allocation, kv_cache_manager.py:561-600): a block no admission saw."""
+    if not trace.over_estimates:
+        return None
+    prefix, tag = ("prefix caching off: ", "nocache-") if nocache else ("", "")
+    step, rid, estimated, taken = trace.over_estimates[0]
+    return CapacityBreach(
+        f"{prefix}step {step}: allocate_slots for {rid} checked that {estimated} block(s) were free for it and "
+        f"took {taken}: on a pool with exactly {estimated} free, get_new_blocks raises inside schedule()",
+        location=f"{tag}allocation-over-estimate", step=step, request_id=rid, mechanism=_queue(trace, step))
 
 
 # ---- the pool's accounting -----------------------------------------------------------------

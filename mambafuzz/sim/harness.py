@@ -435,6 +435,9 @@ class _Runner:
         used = trace.num_blocks - 1 - free  # the null block is never free, and holds nothing
         if used > trace.peak_blocks:
             trace.peak_blocks = used
+        if session.over_estimates:  # allocations that took more blocks than vLLM checked for
+            trace.over_estimates += [(step, *o) for o in session.over_estimates]
+            session.over_estimates.clear()
         evictions = session.lru_evictions
         if evictions is not None and evictions[0]:
             trace.lru_evictions[step] = evictions[0]

@@ -199,6 +199,9 @@ class Trace:
     # step -> (block id, its reference count, its entries in request tables, in deferred frees): at the pool's
     # walks, the first block whose count is not its holders' (SchedulerSession.reference_mismatch)
     ref_mismatches: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
+    # (step, request, blocks vLLM's allocate_slots estimated, blocks it took) where it took more
+    # (SchedulerSession._watch_estimates)
+    over_estimates: list[tuple[int, str, int, int]] = field(default_factory=list)
     # (step, the one request holding blocks after the step, its blocks per group); steps where its tables hold
     # every block in use only (no other request's, none vLLM holds back as a deferred free)
     alone: list[tuple[int, str, tuple[int, ...]]] = field(default_factory=list)

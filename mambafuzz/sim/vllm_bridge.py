@@ -407,6 +407,8 @@ class SchedulerSession:
         self.lru_evictions: list[int] | None = [0] if (
             hasattr(queue, "fake_free_list_head") and hasattr(self.block_pool, "cached_block_hashes_by_block")) else None
         self._watch_reuse()
+        self.over_estimates: list[tuple[str, int, int]] = []  # (request, blocks estimated, blocks taken)
+        self._watch_estimates()
         self.startup_min_blocks, self.group_reserves = startup_budget(vc, kv_cache_config.kv_cache_groups, max_model_len)
         self.group_kinds = tuple("mamba" if isinstance(m, MambaManager) else type(m.kv_cache_spec).__name__
                                  for m in managers)
@@ -458,6 +460,42 @@ class SchedulerSession:
             return blocks
 
         self.block_pool.get_new_blocks = get_new_blocks
+
+    def _watch_estimates(self) -> None:
+        """Record every allocation that takes more blocks than vLLM checked for. `allocate_slots`
+        (v1/core/kv_cache_manager.py:561-600 in 0.32) frees skipped blocks, asks the coordinator how
+        many blocks the request needs, refuses when fewer are free, and only then takes them; nothing
+        frees in between. So the blocks it takes (the free count at the estimate less the free count
+        after) are at most the estimate (over-estimating is by design, single_type_kv_cache_manager.py:
+        1722-1723). One taken past it is a block the admission check never saw: on a pool tight
+        enough, `get_new_blocks` raises inside schedule()."""
+        manager, coordinator, pool = self.scheduler.kv_cache_manager, self.scheduler.kv_cache_manager.coordinator, \
+            self.block_pool
+        allocate, estimate = manager.allocate_slots, coordinator.get_num_blocks_to_allocate
+        seen: list = [None]  # (estimate, free count then) of the allocate_slots call in progress
+        over = self.over_estimates
+
+        def counted_estimate(*args, **kwargs):
+            n = estimate(*args, **kwargs)
+            if seen[0] is not None and not kwargs.get("apply_admission_cap", False):
+                seen[0] = (n, pool.get_num_free_blocks())
+            return n
+
+        def checked_allocate(request, *args, **kwargs):
+            seen[0] = ()
+            try:
+                blocks = allocate(request, *args, **kwargs)
+                if blocks is not None and seen[0]:
+                    n, free = seen[0]
+                    taken = free - pool.get_num_free_blocks()
+                    if taken > n:
+                        over.append((request.request_id, n, taken))
+                return blocks
+            finally:
+                seen[0] = None
+
+        coordinator.get_num_blocks_to_allocate = counted_estimate
+        manager.allocate_slots = checked_allocate
 
     # ---- driving ----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: list[int], max_tokens: int, arrival: float) -> None:

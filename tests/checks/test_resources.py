@@ -146,7 +146,6 @@ def test_a_leaked_reference_is_found_when_it_leaks_not_at_the_end():
     (`pool_accounting:ref-conservation`). A hit that takes one reference too many leaves the pool's
     counts consistent (the block is simply not free); before this rule only the end of a run that
     finished saw it (`leaked-at-end`), now the walk after the hit names the block."""
-    from mambafuzz.sim import vllm_bridge as vb
 
     assert kinds(RESEND) == []
     with patching.applied(mutants.patches("resource_hit_reference_leaked")):
@@ -173,3 +172,32 @@ def test_reference_mismatch_reads_tables_and_deferred_frees(monkeypatch):
     assert vb.SchedulerSession.reference_mismatch(session) == (3, 1, 0, 0)
     blocks[3].ref_cnt, blocks[2].ref_cnt = 0, 1
     assert vb.SchedulerSession.reference_mismatch(session) == (2, 1, 1, 1)
+
+
+def test_an_allocation_past_its_estimate_is_found():
+    """`allocate_slots` takes no more blocks than its estimate said were needed (the estimate is its
+    only capacity check); a planted estimate one block short is found on an ample pool, where
+    vLLM itself never notices (it only crashes on a pool with exactly the estimate free)."""
+    s = scenario({"mamba_block_size": 32, "attn_block_size": 32, "max_num_batched_tokens": 64},
+                 [{"unique_len": 90, "max_tokens": 3}])
+    assert kinds(s) == []
+    assert kinds(s, "resource_estimate_one_short")[:1] == ["capacity:allocation-over-estimate"]
+
+
+def test_sync_connector_tokens_take_a_block_per_mamba_group_past_the_estimate():
+    """On unmodified vLLM 0.32.0 the rule fires where upstream finding 4 lives (sync connector tokens:
+    the estimate caps what `allocate_external_computed_blocks` then takes, one block per mamba group),
+    and that finding's candidate fix makes it clean."""
+    from pathlib import Path
+
+    from mambafuzz.store import corpus
+
+    root = Path(__file__).resolve().parents[2] / "corpus"
+    s = corpus.load_case(root / "seeds" / "connector_sync_aligned_and_unaligned.json").scenario
+    ev = evaluate(s, "fixed", efficiency=False)
+    assert [f.signature for f in ev.verdict.findings] == ["capacity:allocation-over-estimate"]
+    _, _, estimated, taken = ev.trace.over_estimates[0]
+    assert taken - estimated == 3  # the tiny model's three mamba groups
+    fix = patching.load_patches(str(root / "upstream/connector_admission_estimate_short_per_mamba_group/fix.py"))
+    with patching.applied(fix):
+        assert evaluate(s, "fixed", efficiency=False).verdict.clean

@@ -20,13 +20,18 @@ def _known():
 
 
 def unexplained(scenario, split: str = "fixed", **evaluate_kw) -> str | None:
-    """None when `scenario` is clean under `split`, or fails only with a triaged upstream behaviour
-    that its candidate fix removes; else the message of the finding left."""
+    """None when `scenario` is clean under `split`, or fails only with triaged upstream behaviours
+    that their candidate fixes remove (one behaviour's fix may uncover another's finding: each
+    primary finding left adds its behaviour's fix, until the verdict is clean or a finding is
+    no triaged behaviour's); else the message of the finding left."""
+    bugs: list = []
     verdict = evaluate(scenario, split, **evaluate_kw).verdict
+    while not verdict.clean:
+        more = [b for b in _known().bugs if verdict.primary.signature in b.signatures and b not in bugs]
+        if not more:
+            break
+        bugs += more
+        verdict = evaluate(scenario, split, patches=[p for b in bugs for p in b.patches], **evaluate_kw).verdict
     if verdict.clean:
         return None
-    bugs = [b for b in _known().bugs if verdict.primary.signature in b.signatures]
-    if not bugs:
-        return verdict.primary.message
-    fixed = evaluate(scenario, split, patches=[p for b in bugs for p in b.patches], **evaluate_kw).verdict
-    return None if fixed.clean else f"{fixed.primary.message} (left by the fix of {', '.join(b.name for b in bugs)})"
+    return verdict.primary.message + (f" (left by the fix of {', '.join(b.name for b in bugs)})" if bugs else "")

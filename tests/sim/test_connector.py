@@ -117,7 +117,8 @@ def test_a_load_delivers_exactly_what_the_hand_off_block_held_when_copied():
     assert str(write.state) == state == str(held_when_copied(trace, block, step))
     chunk = first_chunk(trace, "r4")
     assert chunk.start == 256 and chunk.read_state == chunk.true_state
-    assert evaluate(offload_scenario(), "fixed").verdict.clean
+    # clean apart from upstream finding 4's estimate (the sync load takes a block per mamba group past it)
+    assert unexplained(offload_scenario(), "fixed") is None
 
 
 def test_without_a_save_a_saved_load_source_finds_no_hit():
