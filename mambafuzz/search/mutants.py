@@ -214,16 +214,6 @@ def resource_hit_reference_leaked() -> list[Patch]:
     return [Wrap(f"{POOL}.touch", make)]
 
 
-@mutant("resources: the allocation estimate counts one block fewer than the allocation takes")
-def resource_estimate_one_short() -> list[Patch]:
-    def make(original):
-        def short(self, *args, **kwargs):
-            n = original(self, *args, **kwargs)
-            return max(0, n - 1)
-        return short
-    return [Wrap("vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator.get_num_blocks_to_allocate", make)]
-
-
 @mutant("resources: full attention takes one block of slots more than a request's tokens need")
 def resource_attention_block_extra() -> list[Patch]:
     def make(original):

@@ -376,10 +376,7 @@ class _Runner:
         if self.trace.crash is None and not self.trace.timed_out and not self.trace.hit_bound:
             self.trace.held_at_end = self.session.block_holders()
             if self.trace.steps and (not self.trace.pool or self.trace.pool[-1][0] != len(self.trace.steps) - 1):
-                self.trace.pool.append((len(self.trace.steps) - 1, *self.session.pool_counts()))
-                mismatch = self.session.reference_mismatch()
-                if mismatch is not None:
-                    self.trace.ref_mismatches[len(self.trace.steps) - 1] = mismatch
+                self._walk_pool(len(self.trace.steps) - 1)
         for rid in self.ids:
             req = self.session.request(rid)
             if rid in self.live:  # what vLLM's Request kept: a worker may run past a stop under async
@@ -426,12 +423,7 @@ class _Runner:
         # free count stands still is not seen.
         free = session.num_free_blocks()
         if not step % 8 or (free != self._walked_free and trace.num_blocks <= POOL_WALK_EVERY_STEP):
-            counts = session.pool_counts()
-            trace.pool.append((step, *counts))
-            free = self._walked_free = counts[0]
-            mismatch = session.reference_mismatch()
-            if mismatch is not None:
-                trace.ref_mismatches[step] = mismatch
+            free = self._walked_free = self._walk_pool(step)
         used = trace.num_blocks - 1 - free  # the null block is never free, and holds nothing
         if used > trace.peak_blocks:
             trace.peak_blocks = used
@@ -449,6 +441,14 @@ class _Runner:
             held = session.held_blocks(sole)
             if sum(held) == used:
                 trace.alone.append((step, sole, held))
+
+    def _walk_pool(self, step: int) -> int:
+        """Record the pool's accounting after `step` (`SchedulerSession.walk_pool`); returns its free count."""
+        counts, mismatch = self.session.walk_pool()
+        self.trace.pool.append((step, *counts))
+        if mismatch is not None:
+            self.trace.ref_mismatches[step] = mismatch
+        return counts[0]
 
     def _on_forward(self, batch: Batch) -> None:
         rec, event, waiting = self._step

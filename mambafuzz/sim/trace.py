@@ -197,7 +197,7 @@ class Trace:
     # of a run that ended
     pool: list[tuple[int, int, int, int]] = field(default_factory=list)
     # step -> (block id, its reference count, its entries in request tables, in deferred frees): at the pool's
-    # walks, the first block whose count is not its holders' (SchedulerSession.reference_mismatch)
+    # walks, the first block whose count is not its holders' (SchedulerSession.walk_pool)
     ref_mismatches: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
     # (step, request, blocks vLLM's allocate_slots estimated, blocks it took) where it took more
     # (SchedulerSession._watch_estimates)

@@ -669,44 +669,27 @@ class SchedulerSession:
             else:
                 yield key, value
 
-    def pool_counts(self) -> tuple[int, int, int]:
-        """The pool's own accounting, for the resource oracles: (the free count it reports, blocks
-        other than the null block with no reference, blocks with a negative reference count). The
-        free queue holds exactly the unreferenced blocks (BlockPool.free_blocks appends a block when
-        its count reaches 0, `touch` and get_new_blocks take it out), so the first two are equal.
-        The null block's count means nothing (free_blocks decrements it like any block, `touch` skips
-        nothing for it, and the pool never frees it), so it is left out of both."""
-        pool = self.block_pool
-        blocks = pool.blocks
-        # One plain loop: Python 3.11 specializes its `ref_cnt` read to a slot load, which halves the
-        # cost of mapping an attrgetter over the pool and then counting and taking the min of the list
-        unreferenced = negative = 0
-        for block in blocks:
-            count = block.ref_cnt
-            if count <= 0:
-                if count:
-                    negative += 1
-                else:
-                    unreferenced += 1
-        count = blocks[self.null_block_id].ref_cnt  # left out of both counts
-        if count <= 0:
-            if count:
-                negative -= 1
-            else:
-                unreferenced -= 1
-        return pool.get_num_free_blocks(), unreferenced, negative
+    def walk_pool(self) -> tuple[tuple[int, int, int], tuple[int, int, int, int] | None]:
+        """The pool's own accounting, for the resource oracles, in one pass over its blocks.
 
-    def reference_mismatch(self) -> tuple[int, int, int, int] | None:
-        """The first block (by id, the null block aside) whose reference count is not the number of
-        places that hold it: its entries in every request's table, in every KV-cache group, plus its
-        entries in the scheduler's deferred frees (`Scheduler.deferred_frees`, blocks of a freed
-        request or a copy-on-write retention an in-flight step may still write). As (block id, its
-        count, table entries, deferred entries); None when every count is its holders'. vLLM 0.32
-        keeps them equal: a block is touched or handed out exactly as it joins a table
+        First (the free count it reports, blocks other than the null block with no reference, blocks
+        with a negative reference count). The free queue holds exactly the unreferenced blocks
+        (BlockPool.free_blocks appends a block when its count reaches 0, `touch` and get_new_blocks
+        take it out), so the first two are equal. The null block's count means nothing (free_blocks
+        decrements it like any block, `touch` skips nothing for it, and the pool never frees it), so
+        it is left out throughout.
+
+        Second, the first block (by id) whose reference count is not the number of places that hold
+        it: its entries in every request's table, in every KV-cache group, plus its entries in the
+        scheduler's deferred frees (`Scheduler.deferred_frees`, blocks of a freed request or a
+        copy-on-write retention an in-flight step may still write), as (block id, its count, table
+        entries, deferred entries); None when every count is its holders'. vLLM 0.32 keeps them
+        equal: a block is touched or handed out exactly as it joins a table
         (single_type_kv_cache_manager.py:303-310, 364-365, 405-406), released exactly as it leaves
         one or a deferred free drains (562-589, 1592-1641; sched/scheduler.py:2766-2801), and a
         copy-on-write retention is released or deferred before schedule() returns (1474-1482)."""
-        blocks = self.block_pool.blocks
+        pool = self.block_pool
+        blocks = pool.blocks
         holders = [0] * len(blocks)  # by block id (the pool's list is in id order)
         for m in self._managers:
             for table in m.req_to_blocks.values():
@@ -717,12 +700,29 @@ class SchedulerSession:
             for block in deferred:
                 holders[block.block_id] += 1
         null = self.null_block_id
+        holders[null] = blocks[null].ref_cnt  # the null block is left out: its own count is taken as right
+        # One plain loop: Python 3.11 specializes its attribute reads to slot loads, about twice as fast
+        # as mapping an attrgetter over the pool
+        unreferenced = negative = 0
+        mismatch = None
         for block, expected in zip(blocks, holders):
-            if block.ref_cnt != expected and block.block_id != null:
+            count = block.ref_cnt
+            if count <= 0:
+                if count:
+                    negative += 1
+                else:
+                    unreferenced += 1
+            if count != expected and mismatch is None:
                 i = block.block_id
                 deferred = sum(b.block_id == i for _, d in deferred_frees for b in d)
-                return i, block.ref_cnt, expected - deferred, deferred
-        return None
+                mismatch = i, count, expected - deferred, deferred
+        count = blocks[null].ref_cnt  # left out of both counts
+        if count <= 0:
+            if count:
+                negative -= 1
+            else:
+                unreferenced -= 1
+        return (pool.get_num_free_blocks(), unreferenced, negative), mismatch
 
     def num_free_blocks(self) -> int:
         """The pool's free count, as vLLM reports it."""
@@ -753,7 +753,7 @@ class SchedulerSession:
         """The blocks `request_id` holds in each KV-cache group, the null block not counted (align
         mode nulls the state blocks it no longer needs: `remove_skipped_blocks`)."""
         held = []
-        for m in self._managers:  # run after each step the request holds blocks alone: plain loops (see pool_counts)
+        for m in self._managers:  # run after each step the request holds blocks alone: plain loops (see walk_pool)
             blocks = m.req_to_blocks.get(request_id, ())
             count = len(blocks)
             for block in blocks:

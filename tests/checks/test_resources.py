@@ -157,31 +157,33 @@ def test_a_leaked_reference_is_found_when_it_leaks_not_at_the_end():
     assert "reference count of 2, but 1 request table entry and 0 deferred free(s)" in finding.message
 
 
-def test_reference_mismatch_reads_tables_and_deferred_frees(monkeypatch):
-    """The bridge's count of a block's holders: its table entries plus its deferred frees."""
+def test_the_pool_walk_counts_holders_in_tables_and_deferred_frees():
+    """The bridge's one walk of the pool: its counts (the null block, id 0, left out) and the first
+    block whose reference count is not its table entries plus its deferred frees."""
     from types import SimpleNamespace
 
     from mambafuzz.sim import vllm_bridge as vb
 
     blocks = [SimpleNamespace(block_id=i, ref_cnt=r) for i, r in enumerate([7, 1, 2, 0])]  # block 0: the null block
-    session = SimpleNamespace(block_pool=SimpleNamespace(blocks=blocks), null_block_id=0,
+    pool = SimpleNamespace(blocks=blocks, get_num_free_blocks=lambda: 1)
+    session = SimpleNamespace(block_pool=pool, null_block_id=0,
                               _managers=[SimpleNamespace(req_to_blocks={"a": [blocks[1], blocks[2]]})],
                               scheduler=SimpleNamespace(deferred_frees=[(3, [blocks[2]])]))
-    assert vb.SchedulerSession.reference_mismatch(session) is None
+    assert vb.SchedulerSession.walk_pool(session) == ((1, 1, 0), None)
     blocks[3].ref_cnt = 1
-    assert vb.SchedulerSession.reference_mismatch(session) == (3, 1, 0, 0)
-    blocks[3].ref_cnt, blocks[2].ref_cnt = 0, 1
-    assert vb.SchedulerSession.reference_mismatch(session) == (2, 1, 1, 1)
+    assert vb.SchedulerSession.walk_pool(session) == ((1, 0, 0), (3, 1, 0, 0))
+    blocks[3].ref_cnt, blocks[2].ref_cnt = -1, 1
+    assert vb.SchedulerSession.walk_pool(session) == ((1, 0, 1), (2, 1, 1, 1))
 
 
 def test_an_allocation_past_its_estimate_is_found():
     """`allocate_slots` takes no more blocks than its estimate said were needed (the estimate is its
-    only capacity check); a planted estimate one block short is found on an ample pool, where
-    vLLM itself never notices (it only crashes on a pool with exactly the estimate free)."""
+    only capacity check); the planted MambaManager estimate one block short is found on an ample
+    pool, where vLLM itself never notices (it only crashes on a pool with exactly the estimate free)."""
     s = scenario({"mamba_block_size": 32, "attn_block_size": 32, "max_num_batched_tokens": 64},
                  [{"unique_len": 90, "max_tokens": 3}])
     assert kinds(s) == []
-    assert kinds(s, "resource_estimate_one_short")[:1] == ["capacity:allocation-over-estimate"]
+    assert kinds(s, "admission_estimate_one_short")[:1] == ["capacity:allocation-over-estimate"]
 
 
 def test_sync_connector_tokens_take_a_block_per_mamba_group_past_the_estimate():
