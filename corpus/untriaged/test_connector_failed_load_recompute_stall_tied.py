@@ -4,8 +4,7 @@
 
 Every request must finish within the step bound (one step per token, plus arrivals); a request
 the scheduler stops scheduling is named with the last step that scheduled it.
-Exported by mambafuzz from connector_failed_load_recompute_stall_tied.json (stall:step-bound;
-filed as output_divergence:tokens, which follows from it).
+Exported by mambafuzz from connector_failed_load_recompute_stall_tied.json (stall:step-bound).
 """
 
 import pytest

@@ -4,8 +4,7 @@
 
 Every request must finish within the step bound (one step per token, plus arrivals); a request
 the scheduler stops scheduling is named with the last step that scheduled it.
-Exported by mambafuzz from partial_hit_admission_stall_min_pool.json (stall:step-bound;
-filed as output_divergence:tokens, which follows from it).
+Exported by mambafuzz from partial_hit_admission_stall_min_pool.json (stall:step-bound).
 """
 
 import pytest

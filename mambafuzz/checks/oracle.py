@@ -311,8 +311,12 @@ def check_outputs(cached: Trace, uncached: Trace) -> Finding | None:
     A continuation is compared only when both runs gave it the same prompt: each run builds it
     from what the earlier request held when it ended, and an abort at a fixed step catches that
     request at different points in the two runs (different prompts, nothing to compare). When
-    the earlier request's own outputs diverged, that request is the finding."""
+    the earlier request's own outputs diverged, that request is the finding. A request the cached
+    run left unfinished, whose tokens so far are the start of the other run's, has no completion
+    either: it stopped, it did not generate something else, and `check_liveness` names the stall
+    (the cause) rather than this check naming its symptom."""
     broken = {rid for rid, _ in wrong_reads(uncached)}
+    stalled = set(cached.unfinished)
     if wrong_reads(cached):
         broken |= runner_caused_reads(cached)
     # Aborted requests, and requests vLLM failed on purpose (a KV load failure under
@@ -326,7 +330,7 @@ def check_outputs(cached: Trace, uncached: Trace) -> Finding | None:
         if (cached.continuations or uncached.continuations) and cached.continuations.get(rid) != uncached.continuations.get(rid):
             continue
         other = uncached.outputs.get(rid)
-        if other is None or other == tokens:
+        if other is None or other == tokens or (rid in stalled and other[:len(tokens)] == tokens):
             continue
         first = next((i for i, (a, b) in enumerate(zip(tokens, other)) if a != b), min(len(tokens), len(other)))
         return OutputDivergence(

@@ -96,6 +96,20 @@ def test_output_divergence_ignores_aborted_requests():
     assert oracle.check_outputs(a, b) is None
 
 
+def test_a_request_that_only_stopped_short_is_a_stall_not_a_divergence():
+    """The cached run left r0 unfinished after one of the two tokens the other run gave it: the
+    headline is the stall, the cause; a token that differs is still a divergence."""
+    cached, uncached = clean_trace(), clean_trace()
+    cached.outputs, cached.unfinished = {"r0": [5]}, ["r0"]
+    v = oracle.judge(cached, uncached)
+    assert v.kind == "stall" and [f.kind for f in v.findings] == ["stall"]
+    cached.outputs = {"r0": [7]}  # stalled, and generated something else first
+    assert [f.kind for f in oracle.judge(cached, uncached).findings] == ["output_divergence", "stall"]
+    cached.unfinished = []  # finished short: a different completion
+    cached.outputs = {"r0": [5]}
+    assert isinstance(oracle.check_outputs(cached, uncached), OutputDivergence)
+
+
 def test_stall_and_crash():
     t = clean_trace()
     t.unfinished = ["r0"]

@@ -175,7 +175,7 @@ def test_stall_export_is_current_fails_without_and_passes_with_the_candidate_fix
     source = export.vllm_test_source(corpus.load_case(STALL_CASE))
     assert exported(STALL_CASE).read_text() == source, (
         f"re-run: mambafuzz export-test --style vllm {STALL_CASE} -o {exported(STALL_CASE)}")
-    assert "import mambafuzz" not in source and "(stall:step-bound;" in source
+    assert "import mambafuzz" not in source and "(stall:step-bound)" in source
     files = _vllm_tree_with_exports(tmp_path, helpers, {STALL_CASE: source})
     without = _pytest_in(tmp_path, files, None)
     assert "1 failed" in without.stdout and "unfinished after 325 steps" in without.stdout, without.stdout[-2000:]
