@@ -59,6 +59,15 @@ def clean_under(scenario, split: str, bugs: tuple[KnownBug, ...] | list[KnownBug
         return False
 
 
+def untriaged_explanation(scenario, split: str, candidates: list[KnownBug]) -> str | None:
+    """The name of the first untriaged candidate (`known_bugs.untriaged_candidates`) whose fix alone
+    makes `scenario` replay clean, or None: a label for a finding, never a reason to drop it."""
+    for c in candidates:
+        if c.has_usable_fix and clean_under(scenario, split, (c,)):
+            return c.name
+    return None
+
+
 def still_present(bug: KnownBug) -> bool:
     """Do the bug's own cases still fail with their recorded signature on the installed vLLM?"""
     return any(_signature_of(c.scenario, "fixed") in bug.signatures for c in bug.cases)

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from mambafuzz.store import grouping
+from mambafuzz.store import explanations, grouping
 from mambafuzz.store.corpus import PRE_EXISTING, atomic_write
 
 FUNCTIONS_OF_INTEREST = ("Scheduler._mamba_block_aligned_split",)
@@ -35,6 +35,7 @@ def _items(directory: Path) -> list[dict]:
                       "message": meta.get("message"), "reproduced": meta.get("reproduced"),
                       "flaky": bool(meta.get("flaky")), "repro": meta.get("repro"),
                       "known": (meta.get("attribution") or {}).get("known") or [],
+                      "explained_by": explanations.explained_by(meta), "engine": explanations.engine_label(meta, p),
                       "base": meta.get("base"),
                       # the fuzz target whose judge filed it: the PR job runs both (ci/pr-fuzz)
                       "target": (meta.get("origin") or {}).get("target") or "scheduler"})
@@ -57,13 +58,18 @@ def _groups(findings: Path, new: list[dict]) -> list[dict]:
 
 
 def _result(item: dict, level: str, text: str, related: list[dict] = (), one_cause: bool = False) -> dict:
-    out = {"ruleId": item["kind"], "level": level, "message": {"text": f"[{item['target']} target] {text}"},
+    engine = item["engine"]
+    out = {"ruleId": item["kind"], "level": level,
+           "message": {"text": f"[{item['target']} target] {text}" + explanations.tag(engine)},
            "locations": [{"physicalLocation": {"artifactLocation": {"uri": item["file"]}}}],
-           "partialFingerprints": {"signature": item["signature"]}, "properties": {"target": item["target"]}}
+           "partialFingerprints": {"signature": item["signature"]},
+           "properties": {"target": item["target"], "explained_by": item["explained_by"],
+                          "real_engine_builds": engine["real_engine_builds"], "engine_notes": engine["notes"]}}
     if related:
         out["relatedLocations"] = [{"id": n, "physicalLocation": {"artifactLocation": {"uri": m["path"]}},
-                                    "message": {"text": f"{m['fine_signature']} (grouped with the first, {m['why']}"
-                                                        + ("; the same change)" if one_cause else "; may be another cause)")}}
+                                    "message": {"text": m.get("text") or (
+                                        f"{m['fine_signature']} (grouped with the first, {m['why']}"
+                                        + ("; the same change)" if one_cause else "; may be another cause)"))}}
                                    for n, m in enumerate(related, 1)]
     return out
 
@@ -86,8 +92,10 @@ def summarize(findings: Path | list[Path], out: Path, split: str) -> dict:
     targets: dict[str, int] = {}
     for i in new:
         targets[i["target"]] = targets.get(i["target"], 0) + 1
+    pre_groups = explanations.by_explanation(pre)
     summary = {"split": split, "new_findings": new, "flaky": [i for i in items if i["flaky"]],
-               "groups": groups, "pre_existing": pre, "new_by_target": targets}
+               "groups": groups, "pre_existing": pre, "pre_existing_by_explanation": pre_groups,
+               "new_by_target": targets}
     atomic_write(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     results = []
     for g in groups:
@@ -98,8 +106,13 @@ def summarize(findings: Path | list[Path], out: Path, split: str) -> dict:
                                   f"; {n} findings, one group of shared symptoms" if n > 1 else ""), g["members"][1:],
                                bool(g.get("cause"))))
     results += [_result(i, "warning", f"flaky: {i['message']} (replay: {i['repro']})") for i in summary["flaky"]]
-    results += [_result(i, "note", f"pre-existing (the base shows it too; known: {', '.join(i['known']) or 'none'}): "
-                                   f"{i['message']}") for i in pre]
+    by_file_pre = {i["file"]: i for i in pre}
+    for g in pre_groups:  # one note per cause the base shows too, its other findings as related locations
+        first = by_file_pre[g["files"][0]]
+        results.append(_result(first, "note", f"pre-existing (the base shows it too), {g['count']} finding(s) "
+                                              f"explained by: {g['explained_by']}; first: {first['message']}",
+                               [{"path": f, "text": f"{by_file_pre[f]['fine_signature']} (pre-existing, the same "
+                                                    f"explanation: {g['explained_by']})"} for f in g["files"][1:]]))
     sarif = {
         "version": "2.1.0",
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
@@ -181,10 +194,13 @@ def main(argv: list[str] | None = None) -> int:
               f"group(s), {len(summary['flaky'])} flaky, {len(summary['pre_existing'])} pre-existing")
         for g in summary["groups"]:
             root = next(i for i in summary["new_findings"] if i["file"] == g["root"])
+            explained = root["explained_by"]
             print(f"  NEW [{root['target']}] {root['fine_signature']}: {root['repro']}"
-                  + (f" (+{len(g['members']) - 1} more in this group)" if len(g["members"]) > 1 else ""))
-        for i in summary["pre_existing"]:
-            print(f"  pre-existing {i['fine_signature']} [{', '.join(i['known']) or 'no known fix explains it'}]")
+                  + (f" (+{len(g['members']) - 1} more in this group)" if len(g["members"]) > 1 else "")
+                  + (f" [{explained}]" if explained != explanations.NO_EXPLANATION else "")
+                  + explanations.tag(root["engine"]))
+        for g in summary["pre_existing_by_explanation"]:
+            print(f"  pre-existing {explanations.group_line(g)}")
     elif args.cmd == "plot":
         files = [Path(f) for f in args.stats if Path(f).exists()]
         if not files:

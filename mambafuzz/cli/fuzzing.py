@@ -16,6 +16,7 @@ from mambafuzz.search.worker_protocol import TARGETS
 
 DEFAULT_KNOWN = ["corpus/regressions", "corpus/upstream"]
 DEFAULT_SEEDS = ["corpus/seeds"]
+DEFAULT_UNTRIAGED = "corpus/untriaged"  # candidate fixes of open findings: they label, never drop
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # where the corpus lives in a checkout
 TARGET_HELP = ("what judges each input: scheduler (the default: the oracles check the prefix cache on vLLM's real "
                "scheduler) or conform (the kernel model, i.e. the simulated worker the oracles rely on, against "
@@ -167,6 +168,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from mambafuzz.search.supervisor import CampaignConfig, finding_meta, run_campaign
     from mambafuzz.sim import splits
     from mambafuzz.sim.vllm_compat.resolve import check_all
+    from mambafuzz.store import explanations
     from mambafuzz.store.grouping import GROUPS_FILE
 
     # --target conform: Triton's CPU shim is on already (cli.main's start-up step), before check_all
@@ -223,7 +225,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         libfuzzer_args=list(args.libfuzzer_args), quiet=args.quiet,
         stats_file=Path(args.stats) if args.stats else None, patches=patch_specs, known_fix_dirs=known_fix_dirs,
         runner=args.runner, target=args.target, scheduling=args.scheduling, base=base,
-        efficiency_allowed=list(args.allow_efficiency))
+        efficiency_allowed=list(args.allow_efficiency),
+        untriaged_dirs=[d for d in (Path(DEFAULT_UNTRIAGED), PROJECT_ROOT / DEFAULT_UNTRIAGED) if d.is_dir()][:1])
     runner = f", model runner {args.runner}" if args.runner else ""
     if args.scheduling:
         runner += f", {args.scheduling} scheduling"
@@ -257,8 +260,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         root = Path(g["root"])
         meta = finding_meta(root)
         first_diff = g["members"][0].get("divergence")
+        label = explanations.labels(root)
+        explained = label["explained_by"]
         print(f"  group {i}: {meta.get('fine_signature', '?')}  reproduced {meta.get('reproduced', '?')}  {root}"
-              + (f"  (first differs from the base at {first_diff})" if first_diff else ""))
+              + (f"  (first differs from the base at {first_diff})" if first_diff else "")
+              + (f"  [{explained}]" if explained != explanations.NO_EXPLANATION else "")
+              + explanations.tag(label["engine"]))
         print(f"    repro: {meta.get('repro') or f'mambafuzz repro {root} --split {args.split}'}")
         for m in g["members"][1:]:
             print(f"    + {m['fine_signature']} [{m['why']}]  {m['path']}")
@@ -266,10 +273,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         if p not in real:
             print(f"  flaky: {finding_meta(p).get('signature', '?')}  reproduced {finding_meta(p).get('reproduced')}  {p}")
     if result.pre_existing:
-        print(f"{len(result.pre_existing)} pre-existing (the base {args.base} shows them too; not new):")
-        for p in result.pre_existing:
-            known = finding_meta(p).get("attribution", {}).get("known") or ["no known fix explains it"]
-            print(f"  {finding_meta(p).get('fine_signature', '?')}  [{', '.join(known)}]  {p}")
+        print(f"{len(result.pre_existing)} pre-existing (the base {args.base} shows them too; not new), "
+              f"by what explains them:")
+        for g in explanations.by_explanation([explanations.labels(p) for p in result.pre_existing]):
+            print(f"  {explanations.group_line(g)}")
     if args.confirm_engine:
         to_confirm = [p for p in real if p.exists()]
         if result.interrupted and to_confirm:

@@ -41,6 +41,7 @@ from mambafuzz.findings import Violation
 from mambafuzz.search import generators
 from mambafuzz.search.generators import Launch
 from mambafuzz.search.worker_protocol import CONFIG_ENV, CampaignConfig, WorkerConfig, parse_event
+from mambafuzz.store import explanations
 from mambafuzz.store.corpus import atomic_write
 
 STATUS_EVERY = 5.0
@@ -77,6 +78,7 @@ def worker_config(cfg: CampaignConfig, job: int, deadline: float = 0.0) -> Worke
                         stop_on_first=cfg.stop_on_first, minimize_budget=cfg.minimize_budget,
                         known_dirs=[str(d) for d in cfg.known_dirs], patches=list(cfg.patches),
                         known_fix_dirs=list(cfg.known_fix_dirs), runner=cfg.runner, deadline=deadline,
+                        untriaged_dirs=[str(d) for d in cfg.untriaged_dirs],
                         scheduling=cfg.scheduling, base=cfg.base, efficiency_allowed=list(cfg.efficiency_allowed))
 
 
@@ -177,7 +179,8 @@ class Campaign:
             self.say(f"TOOL FAILURE (worker {w.proc.pid} goes on): {self.tool_errors[-1]}")
         elif kind == "finding" and event.get("pre_existing"):
             self.pre_existing.append(event)
-            self.say(f"PRE-EXISTING {Violation.from_json(event).signature} (the base shows it too) -> {event.get('path')}")
+            self.say(f"PRE-EXISTING {Violation.from_json(event).signature} (the base shows it too) -> {event.get('path')}"
+                     + _label_suffix(event))
         elif kind == "finding":
             if event.get("replaces"):  # a larger gap, saved over the case filed at the same path
                 self.filed = [e for e in self.filed if e.get("path") != event.get("path")]
@@ -187,7 +190,7 @@ class Campaign:
             tag = "FLAKY" if event.get("flaky") else "LARGER GAP" if event.get("replaces") else "FOUND"
             self.say(f"{tag} {Violation.from_json(event).signature} reproduced {event.get('reproduced')} -> {event.get('path')} "
                      f"(minimized to {event.get('requests')} requests, {event.get('tokens')} tokens in "
-                     f"{event.get('minimize_seconds')}s)")
+                     f"{event.get('minimize_seconds')}s)" + _label_suffix(event))
 
     def totals(self) -> tuple[int, int | None, int | None]:
         """(executions, coverage, corpus size).  Executions: the workers' own counts or
@@ -326,6 +329,15 @@ def _run(cfg: CampaignConfig, out: TextIO, workdir: Path) -> CampaignResult:
                           campaign.problems(interrupted), len(campaign.tool_errors),
                           [Path(e["path"]) for e in campaign.pre_existing if e.get("path")], modes,
                           campaign.row_classes().to_json())
+
+
+def _label_suffix(event: dict) -> str:
+    """What explains a filed finding and whether a real engine builds its config, for its console line."""
+    if not event.get("path"):
+        return ""
+    label = explanations.labels(Path(event["path"]))
+    explained = label["explained_by"]
+    return (f"  [{explained}]" if explained != explanations.NO_EXPLANATION else "") + explanations.tag(label["engine"])
 
 
 def finding_meta(path: Path) -> dict:

@@ -30,6 +30,7 @@ from mambafuzz.search.triage import Filed, Triage, known_signatures
 from mambafuzz.search.worker_protocol import WorkerConfig, emit
 from mambafuzz.store.corpus import atomic_write, content_name
 from mambafuzz.store.finding_store import FindingStore
+from mambafuzz.store.known_bugs import untriaged_candidates
 
 STATUS_EVERY = 3.0
 
@@ -60,7 +61,8 @@ class Runtime:
         else:
             known = known_signatures([Path(d) for d in config.known_dirs], config.split, config.runner)
             self.triage = Triage(store, config.split, oracle_judge(config.split), known=known,
-                                 minimize_budget=config.minimize_budget, announce=False)
+                                 minimize_budget=config.minimize_budget, announce=False,
+                                 untriaged=untriaged_candidates([Path(d) for d in config.untriaged_dirs]))
             if config.base:
                 from mambafuzz.search.base_oracle import BaseOracle
                 from mambafuzz.search.efficiency_gate import check_allowed, gated_judge

@@ -27,7 +27,7 @@ from typing import Protocol
 from mambafuzz.checks import attribution
 from mambafuzz.checks.pipeline import Judge, oracle_judge
 from mambafuzz.findings import Violation
-from mambafuzz.model.scenario import Scenario
+from mambafuzz.model.scenario import Scenario, engine_realism_notes
 from mambafuzz.search.minimizer import MinimizeResult, minimize
 from mambafuzz.sim.vllm_compat.about import vllm_version
 from mambafuzz.store.finding_store import FiledSignatures
@@ -112,6 +112,9 @@ class Triage:
     regaps: dict[str, int] = field(default_factory=dict)  # fine signature -> cases saved over the first
     duplicates: int = 0
     attributed: dict[str, int] = field(default_factory=dict)  # known bug -> instances seen
+    # candidate fixes of untriaged findings (known_bugs.untriaged_candidates): they label a finding
+    # their fix explains ("untriaged candidate ..."), and never drop one
+    untriaged: list[attribution.KnownBug] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.judge is None:
@@ -154,6 +157,20 @@ class Triage:
     def _label(self, scenario: Scenario, signature: str) -> attribution.Attribution | None:
         """Which known fixes explain `scenario` (a label in PR mode, never a reason to drop it)."""
         return attribution.attribute(scenario, self.split, signature, self.known_bugs) if self.known_bugs else None
+
+    def _labels(self, saved: Scenario, extra: dict) -> dict:
+        """The finding block's labels for the case as saved: `extra`'s attribution (the known fixes
+        that explain it) or, when none does, which untriaged candidate's fix does; and whether a
+        real engine builds its config (`engine_realism_notes`)."""
+        notes = engine_realism_notes(saved.engine)
+        labels = {**extra, "engine": {"real_engine_builds": not notes, "notes": notes}}
+        att = labels.get("attribution")
+        if (att is None or not att.get("known")) and self.untriaged:
+            name = attribution.untriaged_explanation(saved, self.split, self.untriaged)
+            if name is not None:
+                labels["attribution"] = {**(att or {"new": True, "known": [], "closest": None, "reason": ""}),
+                                         "untriaged": name}
+        return labels
 
     # ---- the stage -------------------------------------------------------------------------
     def handle(self, scenario: Scenario, violation: Violation, origin: dict, raw: bytes | None = None) -> Filed | None:
@@ -198,15 +215,14 @@ class Triage:
             meta = {"signature": signature, "fine_signature": fine, "kind": violation.kind,
                     "split": self.split, "message": violation.message, "origin": origin, "pre_existing": True,
                     "vllm": vllm_version(), "repro": self.judge.repro(path, signature), **base_meta,
-                    **({"attribution": label.to_json()} if label is not None else {})}
+                    **self._labels(scenario, {"attribution": label.to_json()} if label is not None else {})}
             self.store.save(path, scenario, meta, f"pre-existing (the base shows it): {violation.message}")
             filed = Filed(violation, path, False, "1/1", 0.0, scenario.size(), pre_existing=True)
             self.pre_existing.append(filed)
             return filed
         label = self._label(scenario, signature)
         return self._file(scenario, violation, origin, raw, lambda c: self.base(c) != signature,
-                          {**base_meta, **({"attribution": label.to_json()} if label is not None else {})},
-                          None, "")
+                          {**base_meta, **({"attribution": label.to_json()} if label is not None else {})}, None, "")
 
     def _larger_gap(self, violation: Violation) -> bool:
         """Whether `violation` goes further past its base than the case filed under its fine
@@ -250,7 +266,7 @@ class Triage:
             "origin": origin, "reproduced": rate, "flaky": flaky, "vllm": vllm_version(),
             "minimized": {"requests": small.size()[0], "last_step": small.size()[1], "tokens": small.size()[2],
                           "seconds": round(seconds, 2), "from_size": list(scenario.size())},
-            "repro": judge.repro(path, signature), **judge.meta, **extra,
+            "repro": judge.repro(path, signature), **judge.meta, **self._labels(small, extra),
         }
         if gap:
             failure = judge.failure_of(small) if small is not scenario else (signature, gap)

@@ -63,6 +63,7 @@ class CampaignConfig:
     target: str = "scheduler"  # --target: what judges an input (worker_protocol.TARGETS)
     base: str | None = None  # --base: PR mode, judged against this vLLM (mambafuzz.search.base_oracle)
     efficiency_allowed: list[str] = field(default_factory=list)  # --allow-efficiency: figures the gate lets regress
+    untriaged_dirs: list[Path] = field(default_factory=list)  # candidate fixes that label findings (corpus/untriaged)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class WorkerConfig:
     known_dirs: list[str] = field(default_factory=list)
     patches: list[str] = field(default_factory=list)  # --patch specs, applied to vLLM for every run
     known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: these known bugs' fixes
+    untriaged_dirs: list[str] = field(default_factory=list)  # untriaged candidates' fixes: labels, never drops
     runner: str | None = None  # a registered model runner: every scenario runs on it; None: each scenario's own engine.runner
     base: str | None = None  # PR mode: the base vLLM ("installed" or an overlay dir; mambafuzz.search.base_oracle)
     # PR mode: resource figures the efficiency gate lets regress against the base (mambafuzz.search.efficiency_gate)

@@ -95,6 +95,28 @@ def load_known_bugs(dirs: list[Path], split: str, signature_of=None) -> list[Kno
     return bugs
 
 
+UNTRIAGED_FIX_GLOB = "candidate_fix_*.py"
+UNTRIAGED_PREFIX = "untriaged candidate "
+
+
+def untriaged_candidates(dirs: list[Path]) -> list[KnownBug]:
+    """The candidate fixes of untriaged findings (`corpus/untriaged/candidate_fix_*.py`), each as a
+    bug without cases named "untriaged candidate <fix>". They are not known bugs: triage never drops
+    a finding for one, it only says which open candidate's fix makes the finding replay clean."""
+    out = []
+    for root in (Path(d) for d in dirs if Path(d).is_dir()):
+        for path in sorted(root.glob(UNTRIAGED_FIX_GLOB)):
+            bug = KnownBug(UNTRIAGED_PREFIX + path.stem.removeprefix("candidate_fix_"), [], set(), directory=root)
+            try:
+                bug.patches = patching.load_patches(str(path))
+            except patching.PatchSpecError as exc:
+                bug.fix_error = str(exc)
+            else:
+                bug.fix_error = patching.check_applies(bug.patches)
+            out.append(bug)
+    return out
+
+
 def known_fix_bugs(dirs: list[Path]) -> list[KnownBug]:
     """The known bugs under `dirs` that come with a fix (`fix_error` says when it no longer applies)."""
     return [load_fix_bug(d) for root in (Path(d) for d in dirs if Path(d).is_dir()) for d in _fix_dirs(root)]

@@ -124,3 +124,33 @@ def test_the_supervisor_lists_a_larger_gap_once_in_place_of_the_case_it_replaced
     campaign.handle(worker, "@@event " + json.dumps({**base, "gap": 5, "replaces": True}))
     assert [(e["path"], e.get("gap")) for e in campaign.filed] == [("g.json", None), ("f.json", 5)]
     assert "LARGER GAP efficiency_regression:hits" in out.getvalue()
+
+
+def test_a_finding_an_untriaged_candidates_fix_explains_says_so_and_is_still_filed(tmp_path):
+    """The partial-hit admission stall (corpus/untriaged) replays clean under its candidate fix: triage
+    files it (untriaged is not known) and labels it with the candidate; without the candidates, no
+    label."""
+    from mambafuzz.checks.pipeline import oracle_judge
+    from mambafuzz.search import triage as triage_mod
+    from mambafuzz.search.minimizer import MinimizeResult
+    from mambafuzz.store.corpus import load_case
+    from mambafuzz.store.known_bugs import untriaged_candidates
+
+    root = Path(__file__).resolve().parents[2] / "corpus" / "untriaged"
+    scenario = load_case(root / "partial_hit_admission_stall_min_pool.json").scenario
+    judge = oracle_judge("fixed")
+    violation = judge.verdict(scenario)
+    assert violation is not None and violation.kind == "stall"  # the stall is the headline, not its divergence
+
+    def filed_meta(candidates, where):
+        t = triage_mod.Triage(FindingStore(tmp_path / where), "fixed", judge=judge, known_bugs=[],
+                              minimizer=lambda s, f, time_budget: MinimizeResult(s, 0, 0, 0.0, False),
+                              announce=False, untriaged=candidates, repro_runs=1)
+        return json.loads(t.handle(scenario, violation, {"input": "test"}).path.read_text())["finding"]
+
+    candidates = untriaged_candidates([root])
+    assert any(c.name == "untriaged candidate drop_unadmittable_hit" for c in candidates)
+    meta = filed_meta(candidates, "with")
+    assert meta["attribution"]["untriaged"] == "untriaged candidate drop_unadmittable_hit"
+    assert meta["engine"] == {"real_engine_builds": True, "notes": []}  # this one's blocks are tied, as an engine's
+    assert "untriaged" not in filed_meta([], "without").get("attribution", {})

@@ -59,6 +59,25 @@ def test_the_ci_summary_and_sarif_show_each_root_cause_once_and_pre_existing_as_
     assert all(p.exists() for p in paths)  # every member stays on disk
 
 
+def test_pre_existing_findings_are_one_line_per_explanation_in_the_summary_and_the_sarif(tmp_path):
+    """Three fine signatures of one known cause and one of an untriaged candidate: two groups,
+    each one SARIF note whose other findings are its related locations."""
+    d, _ = _findings(tmp_path)
+    for name, seed in (("f", 6), ("g", 7)):
+        _file(d / PRE_EXISTING, name, "slot_hash:short/cow+ckpt", f"slot_hash:short/cow+ckpt|{name}", seed,
+              pre_existing=True, attribution={"known": ["internal_checkpoint_midblock_resume"]})
+    _file(d / PRE_EXISTING, "h", "stall:step-bound", "stall:step-bound", 8, pre_existing=True,
+          attribution={"known": [], "untriaged": "untriaged candidate drop_unadmittable_hit"})
+    summary = ci_report.summarize(d, tmp_path, "fixed")
+    assert [(g["explained_by"], g["count"]) for g in summary["pre_existing_by_explanation"]] == [
+        ("internal_checkpoint_midblock_resume", 3), ("untriaged candidate drop_unadmittable_hit", 1)]
+    notes = [r for r in json.loads((tmp_path / "findings.sarif").read_text())["runs"][0]["results"]
+             if r["level"] == "note"]
+    assert len(notes) == 2 and len(notes[0]["relatedLocations"]) == 2
+    assert notes[1]["properties"]["explained_by"] == "untriaged candidate drop_unadmittable_hit"
+    assert notes[0]["message"]["text"].endswith("(scheduler-only config)")  # first_chunk_scenario's blocks differ
+
+
 def _keyed(tmp_path):
     """a and b: one mechanism and one divergence key; c: the same mechanism, another key (another
     bug's change with the same symptom); d: the same mechanism, no key (the base could not run it)."""
