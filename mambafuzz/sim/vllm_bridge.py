@@ -700,28 +700,17 @@ class SchedulerSession:
             for block in deferred:
                 holders[block.block_id] += 1
         null = self.null_block_id
-        holders[null] = blocks[null].ref_cnt  # the null block is left out: its own count is taken as right
-        # One plain loop: Python 3.11 specializes its attribute reads to slot loads, about twice as fast
-        # as mapping an attrgetter over the pool
-        unreferenced = negative = 0
+        # The counts read in one comprehension, then judged by C-level list operations (equality,
+        # count, min): the walk's one Python-level loop is the read itself
+        counts = [block.ref_cnt for block in blocks]
+        holders[null] = counts[null]  # the null block is left out: its own count is taken as right
         mismatch = None
-        for block, expected in zip(blocks, holders):
-            count = block.ref_cnt
-            if count <= 0:
-                if count:
-                    negative += 1
-                else:
-                    unreferenced += 1
-            if count != expected and mismatch is None:
-                i = block.block_id
-                deferred = sum(b.block_id == i for _, d in deferred_frees for b in d)
-                mismatch = i, count, expected - deferred, deferred
-        count = blocks[null].ref_cnt  # left out of both counts
-        if count <= 0:
-            if count:
-                negative -= 1
-            else:
-                unreferenced -= 1
+        if counts != holders:
+            i = next(i for i, (count, expected) in enumerate(zip(counts, holders)) if count != expected)
+            deferred = sum(b.block_id == i for _, d in deferred_frees for b in d)
+            mismatch = i, counts[i], holders[i] - deferred, deferred
+        unreferenced = counts.count(0) - (counts[null] == 0)  # the null block left out of both counts
+        negative = sum(c < 0 for c in counts) - (counts[null] < 0) if min(counts) < 0 else 0
         return (pool.get_num_free_blocks(), unreferenced, negative), mismatch
 
     def num_free_blocks(self) -> int:
