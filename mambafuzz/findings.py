@@ -187,13 +187,18 @@ class Oracle:
     assertion an exported vLLM test makes of a finding of this kind, by its location (the
     name of a check in mambafuzz/upstream's templates), or None where there is none yet.
     `follows_from`: kinds whose finding about the same request causes a finding of this kind;
-    when a verdict holds both, an export asserts the cause (`exported_finding`)."""
+    when a verdict holds both, an export asserts the cause (`exported_finding`).
+    `order`: where a `check`'s findings stand among a verdict's, the first being the primary one
+    (the one a case is filed under): the built-in checks stand together at BUILT_IN_ORDER, in
+    their own root-cause order (the earliest wrong state first); a check with a lower order comes
+    before them, one with a higher order (the default) after; equal orders keep registration order."""
 
     kind: str
     fails: bool = True  # False: report-only (never an `expected` verdict)
     check: str | None = None
     export: Callable[[str], str | None] = _no_assertion
     follows_from: tuple[str, ...] = ()
+    order: int = 100
 
     @classmethod
     def of(cls, finding: type[Finding], **kw: Any) -> Oracle:
@@ -201,6 +206,7 @@ class Oracle:
 
 
 ORACLES: dict[str, Oracle] = {}
+BUILT_IN_ORDER = 50  # where mambafuzz.checks.oracle.judge's built-in checks stand (`Oracle.order`)
 
 
 def register(oracle: Oracle) -> Oracle:

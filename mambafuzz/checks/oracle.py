@@ -1,7 +1,7 @@
 """Pure functions from traces to findings.  Each check returns the first violation it sees
-(a `Finding`), or None; `judge` runs them all in a fixed order: the built-in checks below, then
-the check of every oracle registered with one (mambafuzz.findings.ORACLES), in registration
-order."""
+(a `Finding`), or None; `judge` runs the built-in checks below and the check of every oracle
+registered with one (mambafuzz.findings.ORACLES), and orders their findings as the registry
+declares (`Oracle.order`: the built-ins together at BUILT_IN_ORDER, the shipped plug-ins after)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from mambafuzz.findings import (
+    BUILT_IN_ORDER,
     CLEAN,
     ORACLES,
     Finding,
@@ -398,9 +399,16 @@ def judge(cached: Trace, uncached: Trace | None = None, reference: Trace | None 
             other.message = "prefix caching off: " + other.message
             other.location = "nocache-" + other.location
             checks.append(other)
-    verdict.findings = [f for f in checks if f is not None]
-    for found in registered_findings(cached, uncached):
-        (verdict.findings if found.fails else verdict.reports).append(found)
+    built_in = [f for f in checks if f is not None]
+    before, after = [], []
+    for order, found in registered_findings(cached, uncached):
+        if not found.fails:
+            verdict.reports.append(found)
+        else:
+            (before if order < BUILT_IN_ORDER else after).append((order, found))
+    # sorted by declared order; sort() is stable, so equal orders keep registration order
+    verdict.findings = ([f for _, f in sorted(before, key=lambda p: p[0])] + built_in
+                        + [f for _, f in sorted(after, key=lambda p: p[0])])
     if reference is not None:
         eff = check_efficiency(cached, reference)
         if eff is not None:
@@ -420,8 +428,9 @@ def _check_function(path: str) -> Check:
     return fn
 
 
-def registered_findings(cached: Trace, uncached: Trace | None = None) -> list[Finding]:
-    """What the checks of the registered oracles (those beyond the built-in ones) report."""
+def registered_findings(cached: Trace, uncached: Trace | None = None) -> list[tuple[int, Finding]]:
+    """What the checks of the registered oracles (those beyond the built-in ones) report, each with
+    its oracle's declared order (`Oracle.order`)."""
     out = []
     for oracle in list(ORACLES.values()):
         if oracle.check is None:
@@ -430,5 +439,5 @@ def registered_findings(cached: Trace, uncached: Trace | None = None) -> list[Fi
         if found is not None:
             if found.kind != oracle.kind:
                 raise ValueError(f"oracle {oracle.kind}'s check {oracle.check} reported a {found.kind} finding")
-            out.append(found)
+            out.append((oracle.order, found))
     return out

@@ -56,6 +56,24 @@ def test_the_judge_runs_a_registered_check_after_the_built_in_ones(crowd_oracle)
                                                    f"{KIND}:two-or-more")
 
 
+def test_an_oracle_declared_before_the_built_ins_is_the_primary_finding():
+    """The first-chunk case fails slot_hash under the prefix split; a test-only oracle registered
+    with an order below BUILT_IN_ORDER comes first (its signature is what a case is filed under),
+    one with the default order after."""
+    from tests.conftest import first_chunk_scenario
+
+    def kinds(order):
+        findings.register(findings.Oracle(KIND, check=f"{__name__}:check_crowd", order=order))
+        try:
+            return [f.kind for f in evaluate(first_chunk_scenario(), "prefix", efficiency=False).verdict.findings]
+        finally:
+            del findings.ORACLES[KIND]
+
+    first, last = kinds(findings.BUILT_IN_ORDER - 1), kinds(findings.Oracle(KIND).order)
+    assert first[0] == KIND and "slot_hash" in first[1:]
+    assert last[0] == "slot_hash" and last[-1] == KIND and sorted(first) == sorted(last)
+
+
 def test_without_the_registration_nothing_reports_it():
     assert KIND not in findings.ORACLES
     assert evaluate(shared_prefix_scenario(), "fixed", efficiency=False).verdict.clean
