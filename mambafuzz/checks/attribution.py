@@ -59,11 +59,26 @@ def clean_under(scenario, split: str, bugs: tuple[KnownBug, ...] | list[KnownBug
         return False
 
 
-def untriaged_explanation(scenario, split: str, candidates: list[KnownBug]) -> str | None:
-    """The name of the first untriaged candidate (`known_bugs.untriaged_candidates`) whose fix alone
-    makes `scenario` replay clean, or None: a label for a finding, never a reason to drop it."""
+def untriaged_explanation(scenario, split: str, signature: str, candidates: list[KnownBug],
+                          known: list[KnownBug] = ()) -> str | None:
+    """The name of the first untriaged candidate (`known_bugs.untriaged_candidates`) whose fix,
+    with every usable known fix beside it, removes the finding: `scenario` replays without any
+    finding of `signature`. Not "clean": a case often shows a known bug beside the candidate's
+    (the known fixes take those away), and a candidate fix may leave a resource finding of its
+    own (one that drops a prefix hit is a `missed_hit`). None when no candidate does. A label
+    for a finding, never a reason to drop it."""
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.model.scenario import ScenarioError
+
+    beside = [p for b in known if b.fix_error is None for p in b.patches]
     for c in candidates:
-        if c.has_usable_fix and clean_under(scenario, split, (c,)):
+        if not c.has_usable_fix:
+            continue
+        try:
+            verdict = evaluate(scenario, split, efficiency=False, patches=[*c.patches, *beside]).verdict
+        except ScenarioError:
+            continue
+        if all(f.signature != signature for f in verdict.findings):
             return c.name
     return None
 

@@ -158,15 +158,16 @@ class Triage:
         """Which known fixes explain `scenario` (a label in PR mode, never a reason to drop it)."""
         return attribution.attribute(scenario, self.split, signature, self.known_bugs) if self.known_bugs else None
 
-    def _labels(self, saved: Scenario, extra: dict) -> dict:
+    def _labels(self, saved: Scenario, signature: str, extra: dict) -> dict:
         """The finding block's labels for the case as saved: `extra`'s attribution (the known fixes
-        that explain it) or, when none does, which untriaged candidate's fix does; and whether a
-        real engine builds its config (`engine_realism_notes`)."""
+        that explain it) or, when none does, which untriaged candidate's fix removes it
+        (`attribution.untriaged_explanation`); and whether a real engine builds its config
+        (`engine_realism_notes`)."""
         notes = engine_realism_notes(saved.engine)
         labels = {**extra, "engine": {"real_engine_builds": not notes, "notes": notes}}
         att = labels.get("attribution")
         if (att is None or not att.get("known")) and self.untriaged:
-            name = attribution.untriaged_explanation(saved, self.split, self.untriaged)
+            name = attribution.untriaged_explanation(saved, self.split, signature, self.untriaged, self.known_bugs or [])
             if name is not None:
                 labels["attribution"] = {**(att or {"new": True, "known": [], "closest": None, "reason": ""}),
                                          "untriaged": name}
@@ -215,7 +216,7 @@ class Triage:
             meta = {"signature": signature, "fine_signature": fine, "kind": violation.kind,
                     "split": self.split, "message": violation.message, "origin": origin, "pre_existing": True,
                     "vllm": vllm_version(), "repro": self.judge.repro(path, signature), **base_meta,
-                    **self._labels(scenario, {"attribution": label.to_json()} if label is not None else {})}
+                    **self._labels(scenario, signature, {"attribution": label.to_json()} if label is not None else {})}
             self.store.save(path, scenario, meta, f"pre-existing (the base shows it): {violation.message}")
             filed = Filed(violation, path, False, "1/1", 0.0, scenario.size(), pre_existing=True)
             self.pre_existing.append(filed)
@@ -266,7 +267,7 @@ class Triage:
             "origin": origin, "reproduced": rate, "flaky": flaky, "vllm": vllm_version(),
             "minimized": {"requests": small.size()[0], "last_step": small.size()[1], "tokens": small.size()[2],
                           "seconds": round(seconds, 2), "from_size": list(scenario.size())},
-            "repro": judge.repro(path, signature), **judge.meta, **self._labels(small, extra),
+            "repro": judge.repro(path, signature), **judge.meta, **self._labels(small, signature, extra),
         }
         if gap:
             failure = judge.failure_of(small) if small is not scenario else (signature, gap)

@@ -154,3 +154,8 @@ def test_a_finding_an_untriaged_candidates_fix_explains_says_so_and_is_still_fil
     assert meta["attribution"]["untriaged"] == "untriaged candidate drop_unadmittable_hit"
     assert meta["engine"] == {"real_engine_builds": True, "notes": []}  # this one's blocks are tied, as an engine's
     assert "untriaged" not in filed_meta([], "without").get("attribution", {})
+    # another candidate's fix does not remove it: no label from that one
+    from mambafuzz.checks import attribution
+
+    other = [c for c in candidates if c.name == "untriaged candidate keep_aliased_speculative_block"]
+    assert other and attribution.untriaged_explanation(scenario, "fixed", violation.signature, other) is None
