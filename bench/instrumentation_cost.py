@@ -4,7 +4,7 @@
 - `import-hook`: `atheris.instrument_imports(include=["vllm.v1.core", "vllm.v1.kv_cache_interface",
   "mambafuzz.model.generate"])` around the target's imports, as the target did until 2026-12-01; atheris
   keeps only each name's top-level package, so that instruments all of vllm and fuzz;
-- `scoped`: mambafuzz.search.instrumentation.instrument_modules(COVERAGE_MODULES), what the target does now.
+- `scoped`: mambafuzz.search.instrumentation.instrument_modules(fuzz_targets.COVERAGE_MODULES), what the target does now.
 
 Each mode runs in its own process over the same seeded inputs (decode + evaluate, as one fuzz
 execution does), after a warm-up.  Prints executions/s and the ratio to `none` measured in
@@ -42,7 +42,8 @@ else:
     from mambafuzz.checks.pipeline import evaluate
     from mambafuzz.model.inputs import decode_input
     if mode == "scoped":
-        from mambafuzz.search.instrumentation import COVERAGE_MODULES, instrument_modules
+        from mambafuzz.search.fuzz_targets import COVERAGE_MODULES
+        from mambafuzz.search.instrumentation import instrument_modules
         count = instrument_modules(COVERAGE_MODULES)
 from mambafuzz.model.scenario import ScenarioError
 rng = random.Random(7)

@@ -10,20 +10,12 @@ from pathlib import Path
 
 from mambafuzz.cli.options import SPLIT_HELP, add_patch_argument, add_runner_argument, either, patches_or_usage
 from mambafuzz.exit_codes import EXIT_CLEAN, EXIT_FOUND, EXIT_TOOL, EXIT_USAGE, UsageError, one_line
-from mambafuzz.model import runners as model_runners
-from mambafuzz.search import generators
-from mambafuzz.search.worker_protocol import TARGETS
+from mambafuzz.search import fuzz_targets, generators
 
 DEFAULT_KNOWN = ["corpus/regressions", "corpus/upstream"]
 DEFAULT_SEEDS = ["corpus/seeds"]
 DEFAULT_UNTRIAGED = "corpus/untriaged"  # candidate fixes of open findings: they label, never drop
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # where the corpus lives in a checkout
-TARGET_HELP = ("what judges each input: scheduler (the default: the oracles check the prefix cache on vLLM's real "
-               "scheduler) or conform (the kernel model, i.e. the simulated worker the oracles rely on, against "
-               "vLLM's own worker code called on CPU, row by row, as `mambafuzz conform` does; a disagreement is "
-               "filed as conform:<field>/<mixer>@<runner> and replays with `mambafuzz conform FILE --runner R`; "
-               "--runner picks the runner checked, default every one; coverage also comes from the kernel model and the "
-               "conformance tier; slow: Triton's interpreter)")
 CONFIRM_HELP = ("Re-run the minimized finding on a real vLLM engine (CPU backend, `mambafuzz engine-repro`) and "
                 "record diverged/agreed/crashed/skipped (with the reason) as finding.engine_confirmation.")
 
@@ -37,7 +29,7 @@ def add_commands(sub) -> None:
                     "scenario file that `mambafuzz repro` replays. Extra libFuzzer flags go after `--`. "
                     "Exit 1 if anything new was found, 0 if not, 2 on usage errors, 3 when the campaign did not "
                     "really run (a worker could not start or died, or no input was executed).")
-    f.add_argument("--target", choices=TARGETS, default="scheduler", help=TARGET_HELP)
+    f.add_argument("--target", choices=fuzz_targets.names(), default="scheduler", help=fuzz_targets.help_text())
     f.add_argument("--split", default="fixed", help=SPLIT_HELP)
     f.add_argument("--generator", "--engine", dest="generator", choices=generators.names(), default=generators.DEFAULT,
                    help=f"what generates inputs: {either({g.name: g.description for g in generators.GENERATORS.values()})}; "
@@ -183,28 +175,23 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             raise _usage(f"{name} must not be negative")
     if args.jobs < 1:
         raise _usage("--jobs must be at least 1")
-    if args.target == "conform":
-        if args.split != "fixed":
-            raise _usage("--target conform runs the installed split (fixed); --split does not apply")
-        if args.with_known_fixes or args.confirm_engine:
-            flag = "--with-known-fixes" if args.with_known_fixes else "--confirm-engine"
-            raise _usage(f"--target conform: {flag} does not apply (it is about the scheduler target's findings)")
+    target = fuzz_targets.get(args.target)
+    refused = target.usage_error(args)
+    if refused:
+        raise _usage(refused)
     base = None
     if args.base is not None:
         from mambafuzz.search.base_oracle import check_where
 
-        if args.target == "conform" and args.allow_efficiency:
-            raise _usage("--target conform: --allow-efficiency does not apply (the efficiency gate judges the "
-                         "scheduler target's runs)")
         base = check_where(args.base)
     elif args.allow_efficiency:
         raise _usage("--allow-efficiency applies only with --base (the gate compares against the base)")
     if not args.max_time and not args.runs:
         raise _usage("give --max-time or --runs (a run needs a bound)")
     generator = generators.get(args.generator)
-    if args.target not in generator.targets:
+    if not generator.drives(args.target):
         raise _usage(f"--generator {generator.name} cannot drive --target {args.target} "
-                     f"(it drives {', '.join(generator.targets)})")
+                     f"(it drives {', '.join(generator.targets or ())})")
     if generator.needs_atheris:
         try:
             import atheris  # noqa: F401
@@ -227,18 +214,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         runner=args.runner, target=args.target, scheduling=args.scheduling, base=base,
         efficiency_allowed=list(args.allow_efficiency),
         untriaged_dirs=[d for d in (Path(DEFAULT_UNTRIAGED), PROJECT_ROOT / DEFAULT_UNTRIAGED) if d.is_dir()][:1])
-    runner = f", model runner {args.runner}" if args.runner else ""
-    if args.scheduling:
-        runner += f", {args.scheduling} scheduling"
-    what = (f"the kernel model against vLLM's worker code on {args.runner or '+'.join(model_runners.names())}"
-            if args.target == "conform"
-            else f"split {args.split}{runner}")
-    print(f"fuzzing {what} with {args.generator} x{args.jobs} under {sys.executable}, "
+    print(f"fuzzing {target.describe(args)} with {args.generator} x{args.jobs} under {sys.executable}, "
           f"findings in {args.findings}/", flush=True)
     result = run_campaign(cfg)
     real = [p for p in result.new_files if not p.name.startswith("flaky-")]
     groups = (_group_findings(real, args.split, Path(args.findings), patch_specs, known_fix_dirs,
-                              replay=not result.interrupted, base=base if args.target != "conform" else None)
+                              replay=not result.interrupted, base=base if target.groups_against_base else None)
               if real else [])
     print(f"\nsummary: {result.execs} executions in {result.seconds:.1f}s, {len(real)} new finding(s)"
           + ((" in 1 group: the PR's one change" if groups[0].get("cause") else

@@ -134,9 +134,12 @@ def _prepare(args: argparse.Namespace) -> None:
     """The process's start-up step (mambafuzz.search.startup), once, before any command runs: a
     planted bug (MAMBAFUZZ_MUTANT) and, for the commands that run the conformance tier (`conform`,
     `fuzz --target conform`), Triton's CPU shim. Imports nothing when there is nothing to do."""
+    from mambafuzz.search import fuzz_targets
     from mambafuzz.search.startup import prepare_process
 
-    prepare_process(conform=getattr(args, "conform_kernels", False) or getattr(args, "target", None) == "conform")
+    target = getattr(args, "target", None)
+    prepare_process(conform=getattr(args, "conform_kernels", False)
+                    or (target in fuzz_targets.TARGETS and fuzz_targets.get(target).conform_kernels))
 
 
 def _split_or_usage(name: str):

@@ -2,7 +2,7 @@
 
 An entry says how its worker processes start (`launch`, which the supervisor calls), how a raw
 corpus input it keeps decodes into a scenario (`decoder`, mambafuzz.model.inputs.decode_input),
-whether it needs atheris, which targets (worker_protocol.TARGETS) it can drive, and one clause for
+whether it needs atheris, which fuzz targets (mambafuzz.search.fuzz_targets) it can drive, and one clause for
 `--help`.  The CLI's choices and checks, the supervisor, the worker runtime (its decoder) and the benches read
 it; an unknown name is a one-line UnknownGenerator.  Two ways of starting workers exist:
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mambafuzz.search.worker_protocol import TARGETS, CampaignConfig, WorkerConfig
+from mambafuzz.search.worker_protocol import CampaignConfig, WorkerConfig
 
 TARGET = Path(__file__).parent / "targets" / "fuzz_scheduler.py"
 
@@ -52,7 +52,10 @@ class Generator:
     launch: LaunchFn
     decoder: str = "bytes"  # how a raw input it keeps becomes a scenario (mambafuzz.model.inputs.decode_input)
     needs_atheris: bool = False
-    targets: tuple[str, ...] = TARGETS  # the targets its workers can drive
+    targets: tuple[str, ...] | None = None  # the fuzz targets its workers can drive; None: every registered one
+
+    def drives(self, target: str) -> bool:
+        return self.targets is None or target in self.targets
 
 
 def own_loop(module: str) -> LaunchFn:

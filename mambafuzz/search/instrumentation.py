@@ -9,7 +9,7 @@ oracle and kernel model included.  That feedback rewards paths in our own checke
 vLLM's configuration code, and it costs time on every call into them.
 
 Instead, everything is imported uninstrumented first; then each Python function whose
-`__module__` lies under one of `COVERAGE_MODULES` gets atheris' instrumentation on its code
+`__module__` lies under one of its target's `coverage_modules` (mambafuzz.search.fuzz_targets) gets atheris' instrumentation on its code
 object (`atheris.instrument_func`; nested functions and lambdas are patched with it).
 """
 
@@ -20,17 +20,7 @@ import importlib
 import types
 from collections.abc import Iterable
 
-# The system under test (vLLM's scheduler, KV-cache manager and coordinator, the checkpoint
-# rules), our restated pre-fix splits (they stand in for vLLM's split under --split prefix),
-# and the input decoders (new decoded shapes are worth keeping).
-COVERAGE_MODULES = ("vllm.v1.core", "vllm.v1.kv_cache_interface", "mambafuzz.sim.splits", "mambafuzz.model.generate")
-# The conform target (`--target conform`) is also rewarded for new paths through the two sides
-# it compares: the kernel model with its runner and mixer rules, and the conformance tier that
-# calls vLLM's worker code (not vLLM's worker modules themselves: their Triton kernels run in
-# Triton's interpreter, which must see them as written).
-CONFORM_MODULES = ("mambafuzz.sim.kernel_model", "mambafuzz.sim.runners", "mambafuzz.sim.mixers", "mambafuzz.conform.compare", "mambafuzz.conform.drive",
-                   "mambafuzz.conform.rows", "mambafuzz.conform.v1", "mambafuzz.conform.v2", "mambafuzz.conform.target")
-TARGET_MODULES = {"scheduler": COVERAGE_MODULES, "conform": COVERAGE_MODULES + CONFORM_MODULES}
+# What each target instruments is its registration's `coverage_modules` (mambafuzz.search.fuzz_targets).
 
 
 def under(module: str, prefixes: Iterable[str]) -> bool:
@@ -47,9 +37,11 @@ def functions_under(prefixes: Iterable[str]) -> list[types.FunctionType]:
 
 
 def instrument_target(target: str) -> int:
-    """Import the coverage modules of `target` (see TARGET_MODULES) that are plain `mambafuzz`
-    modules, then instrument everything loaded under its prefixes; returns how many functions."""
-    prefixes = TARGET_MODULES[target]
+    """Import the coverage modules of `target` (its registration's `coverage_modules`) that are
+    plain `mambafuzz` modules, then instrument everything loaded under them; returns how many functions."""
+    from mambafuzz.search import fuzz_targets
+
+    prefixes = fuzz_targets.get(target).coverage_modules
     for name in prefixes:
         if name.startswith("mambafuzz."):
             importlib.import_module(name)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from mambafuzz.exit_codes import EXIT_CLEAN, EXIT_TOOL, one_line
+from mambafuzz.search import fuzz_targets
 from mambafuzz.search.worker_protocol import WorkerConfig, emit
 
 
@@ -43,11 +44,12 @@ def main() -> int:
             if scenario is not None:
                 runtime.run_scenario(scenario, {"input": str(path)})
         rng = random.Random(config.seed)
+        draws_worker_rows = fuzz_targets.get(config.target).draws_worker_rows
         while (not config.runs or runtime.execs < config.runs) and (deadline is None or time.monotonic() < deadline):
             case_seed = rng.getrandbits(63)
             case_rng = random.Random(case_seed)
             scenario = random_scenario(case_rng)
-            if config.target == "conform":  # the same seed goes on to draw the worker's row edges
+            if draws_worker_rows:  # the same seed goes on to draw the worker's row edges
                 scenario = draw_worker_rows(RandomSource(case_rng), scenario)
             if validate(scenario):
                 runtime.rejected += 1

@@ -56,4 +56,4 @@ def prepare_process(patches: Sequence[str] = (), known_fix_dirs: Sequence[str] =
 
 def prepare_worker(config) -> None:
     """A fuzz worker's start-up: `prepare_process` for its WorkerConfig (mambafuzz.search.worker_protocol)."""
-    prepare_process(config.patches, config.known_fix_dirs, conform=config.target == "conform")
+    prepare_process(config.patches, config.known_fix_dirs, conform=config.conform_kernels)

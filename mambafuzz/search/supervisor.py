@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TextIO
 
 from mambafuzz.findings import Violation
-from mambafuzz.search import generators
+from mambafuzz.search import fuzz_targets, generators
 from mambafuzz.search.generators import Launch
 from mambafuzz.search.worker_protocol import CONFIG_ENV, CampaignConfig, WorkerConfig, parse_event
 from mambafuzz.store import explanations
@@ -79,6 +79,7 @@ def worker_config(cfg: CampaignConfig, job: int, deadline: float = 0.0) -> Worke
                         known_dirs=[str(d) for d in cfg.known_dirs], patches=list(cfg.patches),
                         known_fix_dirs=list(cfg.known_fix_dirs), runner=cfg.runner, deadline=deadline,
                         untriaged_dirs=[str(d) for d in cfg.untriaged_dirs],
+                        conform_kernels=fuzz_targets.get(cfg.target).conform_kernels,
                         scheduling=cfg.scheduling, base=cfg.base, efficiency_allowed=list(cfg.efficiency_allowed))
 
 

@@ -20,17 +20,15 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from mambafuzz.checks.pipeline import oracle_judge
 from mambafuzz.exit_codes import EXIT_TOOL, ToolError
 from mambafuzz.model.generate import RandomSource, draw_worker_rows
 from mambafuzz.model.inputs import decode_input, decode_json_case
 from mambafuzz.model.scenario import Scenario, ScenarioError, with_runner, with_scheduling
-from mambafuzz.search import generators
-from mambafuzz.search.triage import Filed, Triage, known_signatures
+from mambafuzz.search import fuzz_targets, generators
+from mambafuzz.search.triage import Filed
 from mambafuzz.search.worker_protocol import WorkerConfig, emit
 from mambafuzz.store.corpus import atomic_write, content_name
 from mambafuzz.store.finding_store import FindingStore
-from mambafuzz.store.known_bugs import untriaged_candidates
 
 STATUS_EVERY = 3.0
 
@@ -45,38 +43,12 @@ class Runtime:
         """Runs inputs in a process its entry point prepared (mambafuzz.search.startup.prepare_worker)."""
         self.config = config
         store = FindingStore(Path(config.findings))
-        self.row_classes = None  # conform target: the row classes each input reached (mambafuzz.conform.row_classes)
-        first_judge = None  # the first judgement of each input, when it counts more than triage's re-checks
-        if config.target == "conform":
-            from mambafuzz.conform import target as conform_target
-            from mambafuzz.conform.row_classes import ClassCoverage
-            from mambafuzz.model import runners as model_runners
-
-            runners = (config.runner,) if config.runner else model_runners.names()
-            self.row_classes = ClassCoverage()
-            first_judge = conform_target.judge(runners, config.patches, self.row_classes)
-            # No known bugs: they are the oracles' business, and attributed by replaying those.
-            self.triage = Triage(store, config.split, conform_target.judge(runners, config.patches), known_bugs=[],
-                                 minimize_budget=config.minimize_budget, announce=False)
-            if config.base:  # PR mode: a disagreement the base's worker code shows too is pre-existing
-                from mambafuzz.search.base_oracle import BaseOracle
-
-                base = BaseOracle(config.base, config.split, config.known_fix_dirs, conform_runners=list(runners))
-                self.triage.base, self.triage.base_label = base.signature_of, config.base
-        else:
-            known = known_signatures([Path(d) for d in config.known_dirs], config.split, config.runner)
-            self.triage = Triage(store, config.split, oracle_judge(config.split), known=known,
-                                 minimize_budget=config.minimize_budget, announce=False,
-                                 untriaged=untriaged_candidates([Path(d) for d in config.untriaged_dirs]))
-            if config.base:
-                from mambafuzz.search.base_oracle import BaseOracle
-                from mambafuzz.search.efficiency_gate import check_allowed, gated_judge
-
-                base = BaseOracle(config.base, config.split, config.known_fix_dirs)
-                self.triage.base, self.triage.base_label = base.signature_of, config.base
-                # every input runs on the base too, and more work than the base's is a finding
-                self.triage.judge = gated_judge(config.split, base, check_allowed(config.efficiency_allowed))
+        # the target's triage stage, and (conform) its first judge and row-class counts: mambafuzz.search.fuzz_targets
+        built = fuzz_targets.get(config.target).build(config, store)
+        self.triage, self.row_classes = built.triage, built.row_classes
+        first_judge = built.first_judge  # the first judgement of each input, when it counts more than triage's re-checks
         self.judge = self.triage.judge
+        self._draws_worker_rows = fuzz_targets.get(config.target).draws_worker_rows
         self.verdict = (first_judge or self.judge).verdict
         self.execs = 0
         self.modes = {"sync": 0, "async": 0}  # executions per scheduling mode (unset counts as vLLM's: async)
@@ -95,7 +67,7 @@ class Runtime:
         the input's bytes seed, so the same bytes always give the same scenario; a scenario file
         runs as written."""
         scenario = decode_input(data, generators.get(self.config.generator).decoder)
-        if scenario is not None and self.config.target == "conform" and decode_json_case(data) is None:
+        if scenario is not None and self._draws_worker_rows and decode_json_case(data) is None:
             scenario = draw_worker_rows(RandomSource(random.Random(data)), scenario)
         return scenario
 

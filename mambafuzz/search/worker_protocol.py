@@ -28,9 +28,6 @@ from typing import Any
 CONFIG_ENV = "MAMBAFUZZ_WORKER_CONFIG"
 EVENT_PREFIX = "@@event "
 EVENTS = ("started", "progress", "finding", "tool_error", "error", "done")
-# What judges an input (`mambafuzz fuzz --target`): the oracles on the scheduler's run
-# (mambafuzz.checks.pipeline), or the kernel model against vLLM's own worker code (mambafuzz.conform.target).
-TARGETS = ("scheduler", "conform")
 
 
 MIN_FUZZ_SECONDS = 1.0
@@ -60,7 +57,7 @@ class CampaignConfig:
     known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: apply these bugs' fixes
     runner: str | None = None  # --runner: the model runner every scenario is run on
     scheduling: str | None = None  # --scheduling: the scheduling mode every scenario is run in
-    target: str = "scheduler"  # --target: what judges an input (worker_protocol.TARGETS)
+    target: str = "scheduler"  # --target: what judges an input (mambafuzz.search.fuzz_targets)
     base: str | None = None  # --base: PR mode, judged against this vLLM (mambafuzz.search.base_oracle)
     efficiency_allowed: list[str] = field(default_factory=list)  # --allow-efficiency: figures the gate lets regress
     untriaged_dirs: list[Path] = field(default_factory=list)  # candidate fixes that label findings (corpus/untriaged)
@@ -70,7 +67,7 @@ class CampaignConfig:
 class WorkerConfig:
     """Everything a worker needs; the defaults are what a bare `fuzz_scheduler.py CORPUS` run uses."""
 
-    target: str = "scheduler"  # one of TARGETS
+    target: str = "scheduler"  # a registered fuzz target (mambafuzz.search.fuzz_targets)
     split: str = "fixed"
     findings: str = "findings"
     generator: str = "random"  # a registered generator (mambafuzz.search.generators)
@@ -80,6 +77,7 @@ class WorkerConfig:
     patches: list[str] = field(default_factory=list)  # --patch specs, applied to vLLM for every run
     known_fix_dirs: list[str] = field(default_factory=list)  # --with-known-fixes: these known bugs' fixes
     untriaged_dirs: list[str] = field(default_factory=list)  # untriaged candidates' fixes: labels, never drops
+    conform_kernels: bool = False  # the target runs vLLM's worker kernels: Triton's CPU shim (its FuzzTarget says)
     runner: str | None = None  # a registered model runner: every scenario runs on it; None: each scenario's own engine.runner
     base: str | None = None  # PR mode: the base vLLM ("installed" or an overlay dir; mambafuzz.search.base_oracle)
     # PR mode: resource figures the efficiency gate lets regress against the base (mambafuzz.search.efficiency_gate)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mambafuzz.search.instrumentation import COVERAGE_MODULES, under
+from mambafuzz.search.fuzz_targets import COVERAGE_MODULES
+from mambafuzz.search.instrumentation import under
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +26,8 @@ def test_only_the_named_modules_get_instrumented():
 import sys, types
 sys.path.insert(0, {str(ROOT)!r})
 from mambafuzz.search.target_runtime import Runtime  # everything the target imports
-from mambafuzz.search.instrumentation import COVERAGE_MODULES, instrument_modules
+from mambafuzz.search.fuzz_targets import COVERAGE_MODULES
+from mambafuzz.search.instrumentation import instrument_modules
 import mambafuzz.checks.oracle, mambafuzz.model.generate, vllm.config
 from vllm.v1.core.sched.scheduler import Scheduler
 n = instrument_modules(COVERAGE_MODULES)
@@ -41,9 +43,9 @@ print("ok", n)
 
 
 def test_the_conform_target_also_rewards_the_kernel_model_and_the_conformance_tier():
-    from mambafuzz.search.instrumentation import TARGET_MODULES
+    from mambafuzz.search import fuzz_targets
 
-    scheduler, conform = TARGET_MODULES["scheduler"], TARGET_MODULES["conform"]
+    scheduler, conform = (fuzz_targets.get(t).coverage_modules for t in ("scheduler", "conform"))
     for module in ("mambafuzz.sim.kernel_model", "mambafuzz.sim.runners", "mambafuzz.sim.mixers", "mambafuzz.conform.compare", "mambafuzz.conform.v1",
                    "mambafuzz.conform.v2", "mambafuzz.conform.drive"):
         assert under(module, conform) and not under(module, scheduler), module
@@ -61,7 +63,7 @@ from mambafuzz.search.target_runtime import Runtime  # what the target imports f
 from mambafuzz.search.instrumentation import instrument_target
 from mambafuzz.search.startup import prepare_worker
 from mambafuzz.search.worker_protocol import WorkerConfig
-prepare_worker(WorkerConfig(target="conform"))  # then its start-up step
+prepare_worker(WorkerConfig(target="conform", conform_kernels=True))  # then its start-up step (the supervisor sets conform_kernels from the target)
 n = instrument_target("conform")
 import mambafuzz.checks.oracle
 from mambafuzz.conform import compare as conform_check, v1 as conform_vllm

@@ -238,3 +238,49 @@ def test_the_benches_offer_a_registered_generator(bench, t_gen, monkeypatch, cap
     with pytest.raises(SystemExit):
         module.main()
     assert "t-gen" in capsys.readouterr().out
+
+
+def test_a_fuzz_target_is_one_registration_that_the_cli_and_a_worker_take(monkeypatch, tmp_path, capsys):
+    """A test-only target (this file only): the CLI offers and accepts it, its own argument rule
+    refuses what it refuses, and a worker's runtime builds its triage from the entry and files
+    what its judge finds; an unknown target is a one-line error."""
+    from mambafuzz.checks.pipeline import Judge
+    from mambafuzz.findings import Violation
+    from mambafuzz.search import fuzz_targets
+    from mambafuzz.search.target_runtime import Runtime
+    from mambafuzz.search.triage import Triage
+
+    def verdict(scenario):
+        return Violation("test_many:two-or-more", "two requests") if len(scenario.requests) > 1 else None
+
+    def build(config, store):
+        judge = Judge(config.split, verdict, lambda path, signature: f"repro {path}")
+        return fuzz_targets.Built(Triage(store, config.split, judge, known_bugs=[], minimize_budget=0, announce=False))
+
+    target = fuzz_targets.FuzzTarget("t-count", "counts requests", build,
+                                     usage_error=lambda args: "--target t-count: no --base" if args.base else None,
+                                     describe=lambda args: "request counts")
+    monkeypatch.setitem(fuzz_targets.TARGETS, "t-count", target)
+    assert "t-count (counts requests)" in fuzz_targets.help_text()
+    assert build_parser().parse_args(["fuzz", "--target", "t-count", "--runs", "1"]).target == "t-count"
+    assert main(["fuzz", "--target", "t-count", "--runs", "1", "--base", "installed"]) == 2
+    assert "--target t-count: no --base" in capsys.readouterr().err
+
+    rt = Runtime(WorkerConfig(target="t-count", findings=str(tmp_path)))
+    assert rt.run_scenario(first_chunk_scenario(), {"input": "test"}) is True
+    assert [f.signature for f in rt.triage.filed] == ["test_many:two-or-more"] and rt.row_classes is None
+    with pytest.raises(fuzz_targets.UnknownTarget, match="one of scheduler, conform, t-count"):
+        fuzz_targets.get("t-nope")
+
+
+def test_a_worker_is_told_whether_its_target_needs_tritons_cpu_shim():
+    from mambafuzz.search.supervisor import worker_config
+    from mambafuzz.search.worker_protocol import CampaignConfig
+
+    def told(target):
+        cfg = CampaignConfig(generator="random", split="fixed", max_time=1, runs=0, jobs=1, seed=0, corpus=Path("c"),
+                             seed_dirs=[], findings=Path("f"), known_dirs=[], stop_on_first=False, minimize_budget=0,
+                             rss_limit_mb=0, target=target)
+        return worker_config(cfg, 0).conform_kernels
+
+    assert told("conform") is True and told("scheduler") is False
