@@ -48,7 +48,6 @@ class Runtime:
         self.triage, self.row_classes = built.triage, built.row_classes
         first_judge = built.first_judge  # the first judgement of each input, when it counts more than triage's re-checks
         self.judge = self.triage.judge
-        self._draws_worker_rows = fuzz_targets.get(config.target).draws_worker_rows
         self.verdict = (first_judge or self.judge).verdict
         self.execs = 0
         self.modes = {"sync": 0, "async": 0}  # executions per scheduling mode (unset counts as vLLM's: async)
@@ -67,7 +66,8 @@ class Runtime:
         the input's bytes seed, so the same bytes always give the same scenario; a scenario file
         runs as written."""
         scenario = decode_input(data, generators.get(self.config.generator).decoder)
-        if scenario is not None and self._draws_worker_rows and decode_json_case(data) is None:
+        draws_rows = fuzz_targets.get(self.config.target).draws_worker_rows
+        if scenario is not None and draws_rows and decode_json_case(data) is None:
             scenario = draw_worker_rows(RandomSource(random.Random(data)), scenario)
         return scenario
 
