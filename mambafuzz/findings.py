@@ -182,16 +182,19 @@ class Oracle:
     """One kind of finding and what the tool does with it beyond finding it.
 
     `check`: "package.module:function", a check `(cached trace, uncached trace or None) ->
-    Finding | None` that mambafuzz.checks.oracle.judge runs after its built-in checks (None: the
-    kind is reported by a built-in check, whose order is the root-cause rule).  `export`: the
+    Finding | list[Finding] | None` that mambafuzz.checks.oracle.judge runs; the shipped checks are
+    registered below exactly as a plug-in is.  `also_reports`: further kinds the check may report
+    (one check finds several kinds where their root-cause order is its own, as the state checks'
+    earliest step is); such a kind is registered with no check of its own.  `export`: the
     assertion an exported vLLM test makes of a finding of this kind, by its location (the
     name of a check in mambafuzz/upstream's templates), or None where there is none yet.
     `follows_from`: kinds whose finding about the same request causes a finding of this kind;
     when a verdict holds both, an export asserts the cause (`exported_finding`).
-    `order`: where a `check`'s findings stand among a verdict's, the first being the primary one
-    (the one a case is filed under): the built-in checks stand together at BUILT_IN_ORDER, in
-    their own root-cause order (the earliest wrong state first); a check with a lower order comes
-    before them, one with a higher order (the default) after; equal orders keep registration order."""
+    `order`: where a check's findings stand among a verdict's, the first being the primary one
+    (the one a case is filed under); lower first, equal orders keep registration order.  The
+    shipped root-cause checks stand at BUILT_IN_ORDER and just after it (crash, wrong states,
+    divergence, stall): a plug-in below BUILT_IN_ORDER comes before them all, one with the
+    default order after them, with the resource checks."""
 
     kind: str
     fails: bool = True  # False: report-only (never an `expected` verdict)
@@ -199,6 +202,7 @@ class Oracle:
     export: Callable[[str], str | None] = _no_assertion
     follows_from: tuple[str, ...] = ()
     order: int = 100
+    also_reports: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, finding: type[Finding], **kw: Any) -> Oracle:
@@ -206,7 +210,7 @@ class Oracle:
 
 
 ORACLES: dict[str, Oracle] = {}
-BUILT_IN_ORDER = 50  # where mambafuzz.checks.oracle.judge's built-in checks stand (`Oracle.order`)
+BUILT_IN_ORDER = 50  # where the shipped root-cause checks start (`Oracle.order`)
 
 
 def register(oracle: Oracle) -> Oracle:
@@ -269,14 +273,23 @@ def _stall_assertion(location: str) -> str | None:
     return EVERY_REQUEST_FINISHES if location == "step-bound" else None
 
 
-register(Oracle.of(SlotHashMismatch, export=lambda location: PUBLISHED_STATE_WRITTEN))
-register(Oracle.of(ResumeStateMismatch))
+# The shipped root-cause checks (mambafuzz/checks/oracle.py), in their order: a crash, then the
+# earliest wrong state, then a divergence of outputs, then a stall.  Registration order is the order
+# `expected` tables and messages list the kinds in.
+register(Oracle.of(SlotHashMismatch, export=lambda location: PUBLISHED_STATE_WRITTEN, check="mambafuzz.checks.oracle:state_checks",
+                   order=BUILT_IN_ORDER + 1,
+                   also_reports=("resume_state", "stale_read", "uninit_read", "nocache_stale_read")))
+register(Oracle.of(ResumeStateMismatch))  # these four: reported by slot_hash's check (state_checks)
 register(Oracle.of(StaleStateRead, export=_padded_fresh_prompt))  # stale_read:from-empty is uninit_read's old name
 register(Oracle.of(UninitRead, export=_padded_fresh_prompt))
 register(Oracle.of(NocacheStaleRead, export=_nocache_read))
-register(Oracle.of(OutputDivergence, follows_from=("stall",)))  # a stalled request's tokens never came
-register(Oracle.of(Stall, export=_stall_assertion))
-register(Oracle.of(VllmCrash, export=lambda location: NO_CRASH))
+register(Oracle.of(OutputDivergence, follows_from=("stall",),  # a stalled request's tokens never came
+                   check="mambafuzz.checks.oracle:outputs_check", order=BUILT_IN_ORDER + 2))
+register(Oracle.of(Stall, export=_stall_assertion, check="mambafuzz.checks.oracle:liveness_check", order=BUILT_IN_ORDER + 3,
+                   also_reports=("vllm_crash",)))  # the run with prefix caching off crashing: it did not complete
+register(Oracle.of(VllmCrash, export=lambda location: NO_CRASH, check="mambafuzz.checks.oracle:crash_check", order=BUILT_IN_ORDER))
+# Judged against a reference split's trace (checks.oracle.judge's `reference`), which no check of one
+# run pair sees: a report, or a finding under strict efficiency.
 register(Oracle.of(Inefficiency))
 # The resource oracles (mambafuzz/checks/resources.py): judged after the built-in checks, so a wrong
 # state, a crash or a stall stays the primary finding of a run that also wastes resources.

@@ -1,7 +1,9 @@
 """The layers in mambafuzz/__init__.py (`LAYERS`) are one-way: every import in mambafuzz/**, the
 ones inside functions too (and `importlib.import_module("mambafuzz...")` with a literal name),
 points to its own layer or a lower one, the modules import one another without a cycle, and no
-module plants, patches or enables anything when it is imported.
+module plants, patches or enables anything when it is imported.  A module named by a string (a
+registry's "module:function", a subprocess's `-m mambafuzz...`) is a dependency too: the name must
+exist, and one that points up the layers must be declared below with its reason.
 
 Read from the source (AST), not from a running interpreter, so a function-local import that no
 test happens to reach is held to the order as well."""
@@ -9,6 +11,7 @@ test happens to reach is held to the order as well."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,20 @@ PKG = ROOT / "mambafuzz"
 SIDE_EFFECT_WORDS = ("apply", "plant", "patch", "enable", "install", "prepare")
 # Scripts, run and never imported: their top level is their entry point, which calls the step.
 ENTRY_SCRIPTS = {"mambafuzz/search/targets/fuzz_scheduler.py"}  # the atheris target (libFuzzer re-runs it)
+
+# A string literal that is a whole dotted mambafuzz name, optionally with ":function".
+NAME_REFERENCE = re.compile(r"^mambafuzz(?:\.\w+)+(?::\w+)?$")
+# Dotted names that are not modules: a logger's name.
+NOT_MODULE_NAMES = {"mambafuzz.audit"}
+# Names that point up the layers on purpose, each a late binding an import cannot be:
+DECLARED_NAME_EDGES = {
+    ("mambafuzz.findings", "mambafuzz.checks.oracle"):
+        "the oracle registry names each kind's check; mambafuzz.checks.oracle.judge loads it",
+    ("mambafuzz.findings", "mambafuzz.checks.resources"):
+        "the oracle registry names the resource checks; mambafuzz.checks.oracle.judge loads them",
+    ("mambafuzz.tools.vllm_envs", "mambafuzz.cli.main"):
+        "runs the mambafuzz command with another vLLM's interpreter (a subprocess, not an import)",
+}
 
 
 @dataclass(frozen=True)
@@ -113,6 +130,50 @@ def import_edges(sources: Mapping[str, tuple[str, str]]) -> list[Edge]:
             for e in _edges_under(ast.parse(text, filename=path), module, path, sources, False)]
 
 
+def _top_level_names(text: str) -> set[str]:
+    """Names a module binds at its top level (defs, classes, assignments, imports)."""
+    names = set()
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def name_edges(sources: Mapping[str, tuple[str, str]]) -> tuple[list[Edge], list[str]]:
+    """The modules named by string literals (NAME_REFERENCE) as edges, and 'path:line name (why)'
+    for each name that does not exist: no such module, or no such attribute in it."""
+    edges, missing = [], []
+    for module, (path, text) in sources.items():
+        for node in ast.walk(ast.parse(text, filename=path)):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and NAME_REFERENCE.match(node.value)) or node.value in NOT_MODULE_NAMES:
+                continue
+            dotted, _, function = node.value.partition(":")
+            target = _resolve(dotted, sources)
+            where = f"{path}:{node.lineno}"
+            rest = [*dotted[len(target or ""):].strip(".").split("."), function]
+            attrs = [a for a in rest if a]
+            if target in (None, "mambafuzz"):
+                missing.append(f"{where} {node.value} (no such module)")
+                continue
+            if attrs and attrs[0] not in _top_level_names(sources[target][1]):
+                missing.append(f"{where} {node.value} (no {attrs[0]} in {target})")
+            if target != module:
+                edges.append(Edge(module, target, where, lazy=True))
+    return edges, missing
+
+
+def undeclared_name_back_edges(edges: Iterable[Edge]) -> list[str]:
+    """The back edges among names that DECLARED_NAME_EDGES does not declare."""
+    return [line for e in edges if (e.source, e.target) not in DECLARED_NAME_EDGES
+            for line in back_edges([e])]
+
+
 def back_edges(edges: Iterable[Edge]) -> list[str]:
     """'path:line source -> target (from-layer -> to-layer)' for each edge that points up."""
     out = []
@@ -188,6 +249,7 @@ def _module_level_calls(node: ast.AST) -> Iterable[tuple[int, str]]:
 
 SOURCES = package_sources()
 EDGES = import_edges(SOURCES)
+NAME_EDGES, MISSING_NAMES = name_edges(SOURCES)
 
 
 def test_every_module_is_in_one_layer_and_the_docstring_names_them_in_order():
@@ -209,6 +271,15 @@ def test_imports_point_only_to_the_same_or_a_lower_layer():
 def test_no_import_cycles():
     found = cycles(EDGES)
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_every_module_named_by_a_string_exists_and_points_down_or_is_declared():
+    assert not MISSING_NAMES, "names of mambafuzz modules or functions that do not exist:\n" + "\n".join(MISSING_NAMES)
+    bad = undeclared_name_back_edges(NAME_EDGES)
+    assert not bad, ("modules named by a string against the layer order (import them from a higher "
+                     "layer, or declare the late binding in DECLARED_NAME_EDGES):\n" + "\n".join(bad))
+    stale = set(DECLARED_NAME_EDGES) - {(e.source, e.target) for e in NAME_EDGES}
+    assert not stale, f"declared name edges nothing uses any more: {sorted(stale)}"
 
 
 def test_nothing_plants_patches_or_enables_at_import_time():
@@ -254,3 +325,22 @@ def test_a_planted_import_time_patch_is_reported():
     sources = _with({"mambafuzz/sim/x.py": "import os\n\nif os.environ.get('M'):\n    _apply_planted_bug()\n",
                      "mambafuzz/conform/x.py": "def f():\n    triton_cpu.enable()\n"})  # in a function: fine
     assert import_time_side_effects(sources) == ["mambafuzz/sim/x.py:4 _apply_planted_bug()"]
+
+
+def test_a_planted_string_or_subprocess_dependency_is_reported():
+    sources = _with({
+        "mambafuzz/model/x.py": "import subprocess\n\n\ndef f():\n"
+                                "    subprocess.run(['python', '-m', 'mambafuzz.cli.main'])\n",
+        "mambafuzz/sim/y.py": "CHECK = 'mambafuzz.checks.pipeline:evaluate'\n",
+    })
+    edges, missing = name_edges(sources)
+    assert missing == ["mambafuzz/sim/y.py:1 mambafuzz.checks.pipeline:evaluate (no evaluate in mambafuzz.checks.pipeline)"]
+    assert undeclared_name_back_edges(edges) == [
+        "mambafuzz/model/x.py:5 mambafuzz.model.x -> mambafuzz.cli.main (model -> cli) [in a function]",
+        "mambafuzz/sim/y.py:1 mambafuzz.sim.y -> mambafuzz.checks.pipeline (sim -> checks) [in a function]",
+    ]
+
+
+def test_a_name_that_is_no_module_is_reported():
+    _, missing = name_edges(_with({"mambafuzz/model/x.py": "M = 'mambafuzz.nowhere.at_all'\n"}))
+    assert missing == ["mambafuzz/model/x.py:1 mambafuzz.nowhere.at_all (no such module)"]

@@ -1,7 +1,8 @@
 """Pure functions from traces to findings.  Each check returns the first violation it sees
-(a `Finding`), or None; `judge` runs the built-in checks below and the check of every oracle
-registered with one (mambafuzz.findings.ORACLES), and orders their findings as the registry
-declares (`Oracle.order`: the built-ins together at BUILT_IN_ORDER, the shipped plug-ins after)."""
+(a `Finding`), or None; `judge` runs the check of every oracle registered with one
+(mambafuzz.findings.ORACLES; the shipped ones below are registered there like any plug-in), and
+orders their findings as the registry declares (`Oracle.order`: the shipped checks from
+BUILT_IN_ORDER on, the resource checks after them)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from mambafuzz.findings import (
-    BUILT_IN_ORDER,
     CLEAN,
     ORACLES,
     Finding,
@@ -380,35 +380,57 @@ class Verdict:
         return None if self.primary is None else Violation.of(self.primary)
 
 
-def judge(cached: Trace, uncached: Trace | None = None, reference: Trace | None = None,
-          strict_efficiency: bool = False) -> Verdict:
-    verdict = Verdict()
-    # The state checks are ordered by step: the earliest wrong state is the root cause, and
-    # its signature is the one a finding is filed and deduplicated under.
+# ---- the shipped checks as the registry runs them ------------------------------------------
+# Each takes the registry's arguments (the cached run's trace, the uncached one's or None) and
+# holds the root-cause rule of its place: mambafuzz.findings registers them at BUILT_IN_ORDER and
+# the orders after it, so a crash comes first, then the earliest wrong state, then a divergence,
+# then a stall.
+def crash_check(cached: Trace, uncached: Trace | None = None) -> Finding | None:
+    """(e) vLLM raised in the cached run."""
+    return check_crash(cached)
+
+
+def state_checks(cached: Trace, uncached: Trace | None = None) -> list[Finding]:
+    """(a), (b) Wrong states, ordered by step: the earliest wrong state is the root cause, and its
+    signature is the one a finding is filed and deduplicated under."""
     nocache_reads = check_nocache_reads(uncached, cached) if uncached is not None else None
-    state_checks = [f for f in (check_slot_hashes(cached), check_reads(cached, uncached), nocache_reads)
-                    if f is not None]
-    state_checks.sort(key=lambda f: f.step if f.step is not None else 1 << 30)
-    checks = [check_crash(cached), *state_checks]
-    if uncached is not None and cached.crash is None and uncached.crash is None and not uncached.unfinished:
-        checks.append(check_outputs(cached, uncached))
-    checks.append(check_liveness(cached) if cached.crash is None else None)
+    found = [f for f in (check_slot_hashes(cached), check_reads(cached, uncached), nocache_reads) if f is not None]
+    found.sort(key=lambda f: f.step if f.step is not None else 1 << 30)
+    return found
+
+
+def outputs_check(cached: Trace, uncached: Trace | None = None) -> Finding | None:
+    """(c) Compared only when both runs completed (a crash or an unfinished run with prefix
+    caching off has no tokens to compare against)."""
+    if uncached is None or cached.crash is not None or uncached.crash is not None or uncached.unfinished:
+        return None
+    return check_outputs(cached, uncached)
+
+
+def liveness_check(cached: Trace, uncached: Trace | None = None) -> list[Finding]:
+    """(d) The cached run's stall (none after a crash, which is its own finding), then the run with
+    prefix caching off failing to complete (a crash or a stall there), named as that run's."""
+    found = [check_liveness(cached)] if cached.crash is None else []
     if uncached is not None:
         other = check_crash(uncached) or check_liveness(uncached)
         if other is not None:
             other.message = "prefix caching off: " + other.message
             other.location = "nocache-" + other.location
-            checks.append(other)
-    built_in = [f for f in checks if f is not None]
-    before, after = [], []
+            found.append(other)
+    return [f for f in found if f is not None]
+
+
+def judge(cached: Trace, uncached: Trace | None = None, reference: Trace | None = None,
+          strict_efficiency: bool = False) -> Verdict:
+    """Every registered oracle's check, failing findings in declared order (the first is the
+    primary finding), report-only ones apart; then, given a reference split's trace, the efficiency
+    comparison (a report unless `strict_efficiency`), which no check of one run pair can make."""
+    verdict = Verdict()
+    failing = []
     for order, found in registered_findings(cached, uncached):
-        if not found.fails:
-            verdict.reports.append(found)
-        else:
-            (before if order < BUILT_IN_ORDER else after).append((order, found))
+        (failing.append((order, found)) if found.fails else verdict.reports.append(found))
     # sorted by declared order; sort() is stable, so equal orders keep registration order
-    verdict.findings = ([f for _, f in sorted(before, key=lambda p: p[0])] + built_in
-                        + [f for _, f in sorted(after, key=lambda p: p[0])])
+    verdict.findings = [f for _, f in sorted(failing, key=lambda p: p[0])]
     if reference is not None:
         eff = check_efficiency(cached, reference)
         if eff is not None:
@@ -416,7 +438,7 @@ def judge(cached: Trace, uncached: Trace | None = None, reference: Trace | None 
     return verdict
 
 
-Check = Callable[[Trace, "Trace | None"], "Finding | None"]
+Check = Callable[[Trace, "Trace | None"], "Finding | list[Finding] | None"]
 
 
 @cache
@@ -429,15 +451,18 @@ def _check_function(path: str) -> Check:
 
 
 def registered_findings(cached: Trace, uncached: Trace | None = None) -> list[tuple[int, Finding]]:
-    """What the checks of the registered oracles (those beyond the built-in ones) report, each with
-    its oracle's declared order (`Oracle.order`)."""
+    """What the registered oracles' checks report, each finding with its oracle's declared order
+    (`Oracle.order`).  A check named by several oracles runs once; it may report its oracle's kind
+    and the kinds the oracle declares it also reports (`Oracle.also_reports`), no other."""
     out = []
+    ran: set[str] = set()
     for oracle in list(ORACLES.values()):
-        if oracle.check is None:
+        if oracle.check is None or oracle.check in ran:
             continue
+        ran.add(oracle.check)
         found = _check_function(oracle.check)(cached, uncached)
-        if found is not None:
-            if found.kind != oracle.kind:
-                raise ValueError(f"oracle {oracle.kind}'s check {oracle.check} reported a {found.kind} finding")
-            out.append((oracle.order, found))
+        for f in (found if isinstance(found, list) else [] if found is None else [found]):
+            if f.kind != oracle.kind and f.kind not in oracle.also_reports:
+                raise ValueError(f"oracle {oracle.kind}'s check {oracle.check} reported a {f.kind} finding")
+            out.append((oracle.order, f))
     return out

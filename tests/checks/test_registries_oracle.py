@@ -155,3 +155,35 @@ def test_a_divergence_of_a_request_that_finished_is_exported_as_itself():
 def test_only_a_kind_the_oracle_names_is_a_cause():
     crash = findings.VllmCrash("boom", "ValueError@x", request_id="r0")
     assert findings.exported_finding([_divergence("r0"), crash]) is not crash
+
+
+def test_every_shipped_kind_is_reported_through_a_registered_check():
+    """The shipped oracles go through the registry as a plug-in does: each kind has a check, or is
+    one its oracle's check declares it also reports; only the two kinds judged against another run's
+    figures (a reference split, the PR's base) have none."""
+    reported = {kind for o in findings.ORACLES.values() if o.check for kind in (o.kind, *o.also_reports)}
+    assert set(findings.ORACLES) - reported == {"efficiency", "efficiency_regression"}
+
+
+def test_a_shipped_check_left_out_of_the_registry_reports_nothing(monkeypatch):
+    """The judge holds no list of its own: the slot_hash oracle registered without its check
+    leaves the first-chunk case with no wrong-state finding at all."""
+    from dataclasses import replace
+
+    from tests.conftest import first_chunk_scenario
+
+    def kinds():
+        return {f.kind for f in evaluate(first_chunk_scenario(), "prefix", efficiency=False).verdict.findings}
+
+    assert "slot_hash" in kinds()
+    monkeypatch.setitem(findings.ORACLES, "slot_hash", replace(findings.ORACLES["slot_hash"], check=None))
+    assert not kinds() & {"slot_hash", "resume_state", "stale_read", "uninit_read", "nocache_stale_read"}
+
+
+def test_a_check_reporting_a_kind_its_oracle_does_not_declare_is_refused():
+    findings.register(findings.Oracle(KIND, check=f"{__name__}:check_crowd_report"))
+    try:
+        with pytest.raises(ValueError, match=f"oracle {KIND}'s check .* reported a {REPORT_KIND} finding"):
+            evaluate(shared_prefix_scenario(), "fixed", efficiency=False)
+    finally:
+        del findings.ORACLES[KIND]
