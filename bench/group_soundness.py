@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 from mambafuzz.checks.pipeline import signature_of  # noqa: E402
 from mambafuzz.search import mutants  # noqa: E402
-from mambafuzz.search.base_oracle import observe  # noqa: E402
-from mambafuzz.sim.divergence import key  # noqa: E402
-from mambafuzz.store import grouping  # noqa: E402
+from mambafuzz.search.pr import grouping  # noqa: E402
+from mambafuzz.search.pr.base_process import observe  # noqa: E402
+from mambafuzz.search.pr.divergence import key  # noqa: E402
 
 
 def bug_of(path: str) -> str:

@@ -100,7 +100,8 @@ EFFICIENCY_GATE = "efficiency_regression:"
 def confirms_regression(scenario, mutant_id: str, signature: str) -> tuple[bool, str]:
     """An efficiency-gate finding kills the mutant when the mutant's figures are worse than the
     unmutated vLLM's on the case in exactly the figures the signature names (both replayed here)."""
-    from mambafuzz.search import efficiency_gate, mutants
+    from mambafuzz.search import mutants
+    from mambafuzz.search.pr import efficiency_gate
     from mambafuzz.sim import patching
 
     theirs = efficiency_gate.figures_of(scenario, "fixed")

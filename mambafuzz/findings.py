@@ -298,6 +298,6 @@ register(Oracle("capacity", check="mambafuzz.checks.resources:check_capacity",
                 export=lambda location: None if "allocation-over-estimate" in location else LONE_REQUEST_WITHIN_RESERVE))
 register(Oracle("pool_accounting", check="mambafuzz.checks.resources:check_pool_accounting",
                 export=lambda location: POOL_COUNTS_CONSISTENT))
-# PR mode's efficiency gate (mambafuzz/search/efficiency_gate.py): judged against the base's figures by the
+# PR mode's efficiency gate (mambafuzz/search/pr/efficiency_gate.py): judged against the base's figures by the
 # campaign's judge, not by a check of one run's traces.
 register(Oracle("efficiency_regression"))

@@ -24,6 +24,7 @@ def test_the_search_and_store_groups_reach_vllm_only_through_the_simulation():
     vLLM upgrade touches `mambafuzz.sim` (and the conformance and engine tiers), not these."""
     allowed = {"search/coverage_map.py",  # maps coverage onto vLLM's own source files
                "search/triage.py",  # records the vLLM version a finding was filed on
+               "search/pr/against_base.py",  # records the vLLM version a pre-existing finding was seen on
                "store/vllm_expectations.py",  # a case's verdicts on the installed vLLM's version
                "search/startup.py"}  # a process's start-up step turns Triton's CPU shim on
     offenders = []

@@ -14,7 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from mambafuzz.store import explanations, grouping
+from mambafuzz.search import pr
+from mambafuzz.store import explanations
 from mambafuzz.store.corpus import PRE_EXISTING, atomic_write
 
 FUNCTIONS_OF_INTEREST = ("Scheduler._mamba_block_aligned_split",)
@@ -49,7 +50,7 @@ def _groups(findings: Path, new: list[dict]) -> list[dict]:
     groups = [{"root": files[Path(g["root"]).name],
                "members": [dict(m, path=files[Path(m["path"]).name]) for m in g["members"]],
                **({"cause": g["cause"]} if g.get("cause") else {})}
-              for g in grouping.read(findings) or []
+              for g in pr.read_groups(findings) or []
               if g.get("members") and all(Path(m["path"]).name in files for m in g["members"])]
     named = {m["path"] for g in groups for m in g["members"]}
     return groups + [{"root": i["file"], "members": [{"path": i["file"], "signature": i["signature"],

@@ -157,11 +157,11 @@ def input_dirs(given: list[str], defaults: list[str], flag: str, consequence: st
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
+    from mambafuzz.search.pr import GROUPS_FILE, check_where, group_findings
     from mambafuzz.search.supervisor import CampaignConfig, finding_meta, run_campaign
     from mambafuzz.sim import splits
     from mambafuzz.sim.vllm_compat.resolve import check_all
     from mambafuzz.store import explanations
-    from mambafuzz.store.grouping import GROUPS_FILE
 
     # --target conform: Triton's CPU shim is on already (cli.main's start-up step), before check_all
     # imports vLLM's kernel modules, since a --patch checked here may name a conformance module
@@ -181,8 +181,6 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         raise _usage(refused)
     base = None
     if args.base is not None:
-        from mambafuzz.search.base_oracle import check_where
-
         base = check_where(args.base)
     elif args.allow_efficiency:
         raise _usage("--allow-efficiency applies only with --base (the gate compares against the base)")
@@ -218,8 +216,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
           f"findings in {args.findings}/", flush=True)
     result = run_campaign(cfg)
     real = [p for p in result.new_files if not p.name.startswith("flaky-")]
-    groups = (_group_findings(real, args.split, Path(args.findings), patch_specs, known_fix_dirs,
-                              replay=not result.interrupted, base=base if target.groups_against_base else None)
+    groups = (group_findings(real, args.split, Path(args.findings), patch_specs, known_fix_dirs,
+                             replay=not result.interrupted, base=base if target.groups_against_base else None)
               if real else [])
     print(f"\nsummary: {result.execs} executions in {result.seconds:.1f}s, {len(real)} new finding(s)"
           + ((" in 1 group: the PR's one change" if groups[0].get("cause") else
@@ -290,43 +288,6 @@ def _print_row_classes(counts: dict[str, dict[str, int]]) -> None:
     for r in runners:
         if cov.missing(r):
             print(f"  not reached on {r}: {', '.join(cov.missing(r))}")
-
-
-def _group_findings(paths: list[Path], split: str, findings: Path, patch_specs: list[str],
-                    known_fix_dirs: list[str], replay: bool = True, base: str | None = None) -> list[dict]:
-    """Group this campaign's new findings by shared symptom, replaying (unless not `replay`: after
-    Ctrl-C) under what its workers ran (the vLLM here, its --patch specs and known fixes), and
-    write FINDINGS/root-causes.jsonl. With a `base` (the PR job), links are gated by each finding's
-    divergence key: its minimized case run here and on the base (mambafuzz.store.grouping); and
-    when the PR is one change away from its base, all its new findings are one group
-    (mambafuzz.search.pr_change)."""
-    from mambafuzz.checks.pipeline import signature_of
-    from mambafuzz.sim import patching
-    from mambafuzz.store import grouping
-    from mambafuzz.store.known_bugs import known_fix_bugs
-
-    patches = [p for spec in patch_specs for p in patching.load_patches(spec)]
-    patches += [p for b in known_fix_bugs([Path(d) for d in known_fix_dirs]) if b.fix_error is None for p in b.patches]
-    found = grouping.members([p for p in paths if p.exists()])
-    divergence = None
-    if base is not None and replay and found:
-        from mambafuzz.search.base_oracle import BaseOracle, divergence_keys
-
-        oracle = BaseOracle(base, split, known_fix_dirs)
-        try:
-            keys = divergence_keys(found, split, patches, oracle)
-        finally:
-            oracle.close()
-        divergence = lambda m: keys.get(m.path)  # noqa: E731
-    groups = grouping.group(found, (lambda scenario, split: signature_of(scenario, split, patches)) if replay else None,
-                            divergence)
-    if divergence is not None and len(groups) > 1:
-        from mambafuzz.search import pr_change
-
-        if pr_change.changes_against(base) == 1:  # every new finding needs the PR's one change
-            groups = pr_change.one_group(groups)
-    grouping.write(findings, groups)
-    return groups
 
 
 def _worker_patches(args: argparse.Namespace, known_dirs: list[Path]) -> tuple[list[str], list[str]]:

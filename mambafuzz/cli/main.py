@@ -161,9 +161,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
     worst = EXIT_CLEAN
     base = None
     if args.base is not None:
-        from mambafuzz.search.base_oracle import BaseOracle, check_where
+        from mambafuzz.search import pr
 
-        base = BaseOracle(check_where(args.base), args.split)
+        base = pr.start_base(pr.check_where(args.base), args.split)
     try:
         for path in args.files:
             worst = max(worst, _repro_one(args, path, patches, base))
@@ -204,10 +204,9 @@ def _repro_one(args: argparse.Namespace, path: str, patches, base) -> int:
     worst = EXIT_CLEAN
     against = None
     if base is not None:
-        from mambafuzz.search import efficiency_gate
+        from mambafuzz.search.pr import compare_figures
 
-        ours = efficiency_gate.figures(ev.trace)
-        gap = None if theirs is None else efficiency_gate.regression(ours, theirs)
+        ours, gap = compare_figures(ev.trace, theirs)
         against = {"where": base.where, "figures": ours, "base_figures": theirs,
                    "signature": None if gap is None else gap.signature, "message": None if gap is None else gap.message}
         if gap is not None:

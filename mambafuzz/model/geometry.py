@@ -4,7 +4,7 @@ Align mode cuts chunks and publishes states on grids of the block sizes, so a ca
 because a chunk ends one and a half mamba blocks in fails the same way on 8-token blocks as on
 400-token ones. The minimizer moves each finding to the smallest geometry that keeps its
 signature (mambafuzz.search.minimizer); findings of one root cause then share a geometry, and
-one's case replays under the other's engine config (mambafuzz.store.grouping). Which fields are
+one's case replays under the other's engine config (mambafuzz.search.pr.grouping). Which fields are
 lengths is declared where they are defined: `Knob.length` on engine knobs, `{"length": True}`
 metadata on RequestSpec fields, and the prefix segments. Step indexes, output counts
 (`max_tokens`: one decode step each), drafts and block counts are left as they are.

@@ -93,14 +93,10 @@ def _scheduler(config, store) -> Built:
     triage = Triage(store, config.split, oracle_judge(config.split), known=known,
                     minimize_budget=config.minimize_budget, announce=False,
                     untriaged=untriaged_candidates([Path(d) for d in config.untriaged_dirs]))
-    if config.base:
-        from mambafuzz.search.base_oracle import BaseOracle
-        from mambafuzz.search.efficiency_gate import check_allowed, gated_judge
+    if config.base:  # PR mode; every input runs on the base too, and more work than the base's is a finding
+        from mambafuzz.search import pr
 
-        base = BaseOracle(config.base, config.split, config.known_fix_dirs)
-        triage.base, triage.base_label = base.signature_of, config.base
-        # every input runs on the base too, and more work than the base's is a finding
-        triage.judge = gated_judge(config.split, base, check_allowed(config.efficiency_allowed))
+        pr.judge_against_base(triage, config.base, config.known_fix_dirs, efficiency_allowed=config.efficiency_allowed)
     return Built(triage)
 
 
@@ -117,10 +113,9 @@ def _conform(config, store) -> Built:
     triage = Triage(store, config.split, conform_target.judge(runners, config.patches), known_bugs=[],
                     minimize_budget=config.minimize_budget, announce=False)
     if config.base:  # PR mode: a disagreement the base's worker code shows too is pre-existing
-        from mambafuzz.search.base_oracle import BaseOracle
+        from mambafuzz.search import pr
 
-        base = BaseOracle(config.base, config.split, config.known_fix_dirs, conform_runners=list(runners))
-        triage.base, triage.base_label = base.signature_of, config.base
+        pr.judge_against_base(triage, config.base, config.known_fix_dirs, conform_runners=list(runners))
     return Built(triage, first_judge, row_classes)
 
 

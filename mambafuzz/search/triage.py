@@ -6,6 +6,7 @@ The stage is built from three parts and owns nothing else: a `Judge` (the signat
 of the checks pipeline, or of the conform target: mambafuzz.checks.pipeline), a minimizer
 (mambafuzz.search.minimizer.minimize) and a `FindingDatabase`, the narrow interface of the
 findings directory (mambafuzz.store.finding_store.FindingStore), which only saves and lists.
+In PR mode a fourth part, `PrMode` (mambafuzz.search.pr), decides each violation against the base.
 
 A violation is a known bug only when a known bug's fix explains it (`mambafuzz.checks.attribution`);
 its signature is just the fast first key. Within a campaign (and against the findings directory)
@@ -33,7 +34,6 @@ from mambafuzz.sim.vllm_compat.about import vllm_version
 from mambafuzz.store.finding_store import FiledSignatures
 
 REPRO_RUNS = 3
-MAX_REGAPS = 3  # larger gaps saved over a fine signature's first case, each minimized again
 
 
 class FindingDatabase(Protocol):
@@ -50,6 +50,15 @@ class FindingDatabase(Protocol):
 
 
 Minimizer = Callable[..., MinimizeResult]  # (scenario, still_fails, time_budget=seconds) -> result
+
+
+class PrMode(Protocol):
+    """PR mode's judge of a violation against the base vLLM (mambafuzz.search.pr.AgainstBase):
+    it files the violation through this stage as new (`file`), records it as pre-existing, or
+    drops it as a duplicate."""
+
+    def handle(self, stage: Triage, scenario: Scenario, violation: Violation, origin: dict,
+               raw: bytes | None) -> Filed | None: ...
 
 
 class KnownSignatures(set):
@@ -100,11 +109,9 @@ class Triage:
     # Known bugs to attribute by fix; None takes `known.bugs` when `known` came from
     # known_signatures(), and with neither triage falls back to signature matching.
     known_bugs: list[attribution.KnownBug] | None = None
-    # PR mode (mambafuzz.search.base_oracle): how a scenario fails on the PR's base vLLM. A violation
-    # the base shows too is pre-existing: recorded under pre-existing/, labelled by the known
-    # fixes, never filed as new; known fixes then label findings and drop none.
-    base: Callable[[Scenario], str | None] | None = None
-    base_label: str = ""
+    # PR mode (mambafuzz.search.pr): the base judges every violation, and files it through this stage
+    # as new or records it as pre-existing; known fixes then label findings and drop none.
+    base: PrMode | None = None
     filed: list[Filed] = field(default_factory=list)
     pre_existing: list[Filed] = field(default_factory=list)
     # fine signature -> the gap of the case filed under it (efficiency regressions; this campaign's only)
@@ -154,11 +161,7 @@ class Triage:
         together = [b for b in self.known_bugs or () if b.has_usable_fix]
         return len(together) > 1 and attribution.clean_under(scenario, self.split, together)
 
-    def _label(self, scenario: Scenario, signature: str) -> attribution.Attribution | None:
-        """Which known fixes explain `scenario` (a label in PR mode, never a reason to drop it)."""
-        return attribution.attribute(scenario, self.split, signature, self.known_bugs) if self.known_bugs else None
-
-    def _labels(self, saved: Scenario, signature: str, extra: dict) -> dict:
+    def labels(self, saved: Scenario, signature: str, extra: dict) -> dict:
         """The finding block's labels for the case as saved: `extra`'s attribution (the known fixes
         that explain it) or, when none does, which untriaged candidate's fix removes it
         (`attribution.untriaged_explanation`); and whether a real engine builds its config
@@ -180,61 +183,20 @@ class Triage:
         match; the fine one (default: the coarse one) only keys the within-campaign dedup."""
         self._closest = None
         if self.base is not None:
-            return self._handle_against_base(scenario, violation, origin, raw)
+            return self.base.handle(self, scenario, violation, origin, raw)
         if self.is_duplicate(scenario, violation) is not None:
             self.duplicates += 1
             return None
         closest = self._closest
         # A new bug that looks like a known one must not minimize into an instance of it.
         lookalikes = [closest.closest] if closest is not None and closest.closest is not None else []
-        return self._file(scenario, violation, origin, raw, lambda c: not self._explained(c, lookalikes),
-                          {"attribution": closest.to_json()} if closest is not None else {},
-                          closest.closest if closest is not None else None, closest.reason if closest else "")
+        return self.file(scenario, violation, origin, raw, lambda c: not self._explained(c, lookalikes),
+                         {"attribution": closest.to_json()} if closest is not None else {},
+                         closest.closest if closest is not None else None, closest.reason if closest else "")
 
-    def _handle_against_base(self, scenario: Scenario, violation: Violation, origin: dict,
-                             raw: bytes | None) -> Filed | None:
-        """PR mode: a violation fails the PR only when the base does not show it; one the base
-        shows too is recorded once per fine signature as pre-existing, with its known-fix label.
-        The base is asked even when a pre-existing finding has the same fine signature: a new
-        bug can poison a slot the way an old one does (the hash-grid split bug and the mid-block
-        checkpoint bug)."""
-        signature, fine = violation.signature, violation.fine
-        if fine in self.new_signatures:
-            if not self._larger_gap(violation):
-                self.duplicates += 1
-                return None
-            self.regaps[fine] = self.regaps.get(fine, 0) + 1
-        on_base = self.base(scenario)
-        base_meta = {"base": {"where": self.base_label, "signature": on_base}}
-        if on_base == signature:
-            if fine in self.pre_existing_signatures:
-                self.duplicates += 1
-                return None
-            self.pre_existing_signatures.add(fine)
-            label = self._label(scenario, signature)
-            path = self.store.path_for(f"{self.judge.label}-{fine}", pre_existing=True)
-            meta = {"signature": signature, "fine_signature": fine, "kind": violation.kind,
-                    "split": self.split, "message": violation.message, "origin": origin, "pre_existing": True,
-                    "vllm": vllm_version(), "repro": self.judge.repro(path, signature), **base_meta,
-                    **self._labels(scenario, signature, {"attribution": label.to_json()} if label is not None else {})}
-            self.store.save(path, scenario, meta, f"pre-existing (the base shows it): {violation.message}")
-            filed = Filed(violation, path, False, "1/1", 0.0, scenario.size(), pre_existing=True)
-            self.pre_existing.append(filed)
-            return filed
-        label = self._label(scenario, signature)
-        return self._file(scenario, violation, origin, raw, lambda c: self.base(c) != signature,
-                          {**base_meta, **({"attribution": label.to_json()} if label is not None else {})}, None, "")
-
-    def _larger_gap(self, violation: Violation) -> bool:
-        """Whether `violation` goes further past its base than the case filed under its fine
-        signature (kept: the largest gap is the most telling case of a regression), at most
-        MAX_REGAPS times a signature, since each one is minimized again."""
-        filed = self.largest_gap.get(violation.fine)
-        return filed is not None and violation.gap > filed and self.regaps.get(violation.fine, 0) < MAX_REGAPS
-
-    def _file(self, scenario: Scenario, violation: Violation, origin: dict, raw: bytes | None,
-              keeps: Callable[[Scenario], bool], extra: dict, lookalike: attribution.KnownBug | None,
-              why_not: str) -> Filed:
+    def file(self, scenario: Scenario, violation: Violation, origin: dict, raw: bytes | None,
+             keeps: Callable[[Scenario], bool], extra: dict, lookalike: attribution.KnownBug | None,
+             why_not: str) -> Filed:
         """Re-run, minimize (keeping the coarse signature, at least the gap, and `keeps`) and save a
         new finding, or a larger gap over the case its fine signature filed before."""
         signature, fine, message, gap = violation.signature, violation.fine, violation.message, violation.gap
@@ -267,7 +229,7 @@ class Triage:
             "origin": origin, "reproduced": rate, "flaky": flaky, "vllm": vllm_version(),
             "minimized": {"requests": small.size()[0], "last_step": small.size()[1], "tokens": small.size()[2],
                           "seconds": round(seconds, 2), "from_size": list(scenario.size())},
-            "repro": judge.repro(path, signature), **judge.meta, **self._labels(small, signature, extra),
+            "repro": judge.repro(path, signature), **judge.meta, **self.labels(small, signature, extra),
         }
         if gap:
             failure = judge.failure_of(small) if small is not scenario else (signature, gap)

@@ -58,7 +58,7 @@ class CampaignConfig:
     runner: str | None = None  # --runner: the model runner every scenario is run on
     scheduling: str | None = None  # --scheduling: the scheduling mode every scenario is run in
     target: str = "scheduler"  # --target: what judges an input (mambafuzz.search.fuzz_targets)
-    base: str | None = None  # --base: PR mode, judged against this vLLM (mambafuzz.search.base_oracle)
+    base: str | None = None  # --base: PR mode, judged against this vLLM (mambafuzz.search.pr)
     efficiency_allowed: list[str] = field(default_factory=list)  # --allow-efficiency: figures the gate lets regress
     untriaged_dirs: list[Path] = field(default_factory=list)  # candidate fixes that label findings (corpus/untriaged)
 
@@ -79,8 +79,8 @@ class WorkerConfig:
     untriaged_dirs: list[str] = field(default_factory=list)  # untriaged candidates' fixes: labels, never drops
     conform_kernels: bool = False  # the target runs vLLM's worker kernels: Triton's CPU shim (its FuzzTarget says)
     runner: str | None = None  # a registered model runner: every scenario runs on it; None: each scenario's own engine.runner
-    base: str | None = None  # PR mode: the base vLLM ("installed" or an overlay dir; mambafuzz.search.base_oracle)
-    # PR mode: resource figures the efficiency gate lets regress against the base (mambafuzz.search.efficiency_gate)
+    base: str | None = None  # PR mode: the base vLLM ("installed" or an overlay dir; mambafuzz.search.pr)
+    # PR mode: resource figures the efficiency gate lets regress against the base (mambafuzz.search.pr.efficiency_gate)
     efficiency_allowed: list[str] = field(default_factory=list)
     # (conform target: the runner checked; None: both)
     scheduling: str | None = None  # sync | async | default: every scenario runs so; None: each scenario's own

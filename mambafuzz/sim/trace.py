@@ -213,5 +213,5 @@ class Trace:
     connector_events: list[tuple[int, str, str, str]] = field(default_factory=list)
 
     def resource_figures(self) -> dict[str, int]:
-        """The figures PR mode's efficiency gate compares with the base's (mambafuzz.search.efficiency_gate)."""
+        """The figures PR mode's efficiency gate compares with the base's (mambafuzz.search.pr.efficiency_gate)."""
         return {"hits": self.prefix_hit_tokens, "steps": self.forward_steps, "blocks": self.peak_blocks}

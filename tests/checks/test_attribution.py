@@ -152,14 +152,15 @@ def test_pr_mode_files_what_its_base_does_not_show_even_where_a_known_fix_explai
     shows too is recorded as pre-existing, labelled by its fix, and is not new."""
     from mambafuzz.checks.pipeline import signature_of
     from mambafuzz.search import mutants
-    from mambafuzz.search.base_oracle import BaseOracle
+    from mambafuzz.search.pr.against_base import AgainstBase
+    from mambafuzz.search.pr.base_process import BaseProcess
 
     planted = corpus.load_case(ROOT / "tests" / "data" / "split_hash_grid_clean_under_a_known_fix.json").scenario
     upstream = corpus.load_case(MIDBLOCK / "internal_checkpoint_poison_read_back.json").scenario
     known = known_signatures(KNOWN, "fixed")
-    base = BaseOracle("installed", "fixed")
+    base = BaseProcess("installed", "fixed")
     pr = Triage(FindingStore(tmp_path / "pr"), "fixed", known=known, minimize_budget=5, announce=False)
-    pr.base, pr.base_label = base.signature_of, "installed"
+    pr.base = AgainstBase(base.signature_of, "installed")
     by_fix = Triage(FindingStore(tmp_path / "by-fix"), "fixed", known=known, minimize_budget=5, announce=False)
     try:
         with patching.applied(mutants.patches("split_hash_grid")):

@@ -74,6 +74,7 @@ def test_pr_mode_keeps_the_largest_gap_and_minimizes_without_shrinking_it(tmp_pa
     from mambafuzz.checks.pipeline import Judge
     from mambafuzz.search import triage as triage_mod
     from mambafuzz.search.minimizer import MinimizeResult
+    from mambafuzz.search.pr.against_base import MAX_REGAPS, AgainstBase
 
     def with_gap(gap: int):  # the scenario's token seed stands for how far past its base it goes
         return dataclasses.replace(first_chunk_scenario(), token_seed=gap)
@@ -89,7 +90,7 @@ def test_pr_mode_keeps_the_largest_gap_and_minimizes_without_shrinking_it(tmp_pa
         return MinimizeResult(scenario, 1, 0, 0.0, False)
 
     t = triage_mod.Triage(FindingStore(tmp_path), "fixed", judge=Judge("fixed", verdict, lambda p, s: "repro"),
-                          minimizer=minimizer, base=lambda s: None, announce=False)
+                          minimizer=minimizer, base=AgainstBase(lambda s: None), announce=False)
     first = t.handle(with_gap(2), verdict(with_gap(2)), {"input": "test"})
     assert first is not None and not first.replaces and tried == [(1, False)]
     assert t.handle(with_gap(1), verdict(with_gap(1)), {}) is None and t.duplicates == 1  # a smaller gap
@@ -97,10 +98,10 @@ def test_pr_mode_keeps_the_largest_gap_and_minimizes_without_shrinking_it(tmp_pa
     assert larger is not None and larger.replaces and larger.path == first.path and tried[-1] == (4, False)
     assert [f.violation.gap for f in t.filed] == [5]
     assert json.loads(first.path.read_text())["finding"]["gap"] == 5
-    for gap in range(6, 6 + triage_mod.MAX_REGAPS):
+    for gap in range(6, 6 + MAX_REGAPS):
         t.handle(with_gap(gap), verdict(with_gap(gap)), {})
-    assert t.regaps == {"efficiency_regression:hits": triage_mod.MAX_REGAPS}
-    assert [f.violation.gap for f in t.filed] == [6 + triage_mod.MAX_REGAPS - 2]
+    assert t.regaps == {"efficiency_regression:hits": MAX_REGAPS}
+    assert [f.violation.gap for f in t.filed] == [6 + MAX_REGAPS - 2]
 
 
 def test_a_gap_crosses_the_worker_boundary_and_other_kinds_carry_none():

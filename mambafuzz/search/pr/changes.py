@@ -1,10 +1,10 @@
 """How many changes separate the PR's vLLM from its base: the PR job's cheapest sound grouping.
 
 A finding fails a PR only when it is a violation on the PR's vLLM and clean on the base
-(mambafuzz.search.base_oracle). When the two differ by one change (one hunk of source, or one
+(mambafuzz.search.pr.base_process). When the two differ by one change (one hunk of source, or one
 planted patch), every such finding needs that change: without it the base runs clean. So all
 of the PR's new findings are one root cause, whatever their symptoms, and the symptom rules of
-mambafuzz.store.grouping (which never join a crash to a stall) are not needed. With two changes
+mambafuzz.search.pr.grouping (which never join a crash to a stall) are not needed. With two changes
 or more nothing is concluded here: telling them apart would take replaying each finding with one
 change reverted at a time (not done).
 
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mambafuzz.search.base_oracle import INSTALLED, base_env
+from mambafuzz.search.pr.base_process import INSTALLED, base_env
 
 MANY = 1_000  # "more than one change": what changes_against says when it cannot count
 
@@ -140,9 +140,9 @@ def time_split(paths: list[str] | None, seconds: int) -> tuple[int, int, str]:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m mambafuzz.search.pr_change split BASE SECONDS`: one line, `SCHED CONFORM WHY`."""
+    """`python -m mambafuzz.search.pr.changes split BASE SECONDS`: one line, `SCHED CONFORM WHY`."""
     if len(argv) != 3 or argv[0] != "split" or not argv[2].isdigit():
-        print("usage: python -m mambafuzz.search.pr_change split BASE SECONDS", file=sys.stderr)
+        print("usage: python -m mambafuzz.search.pr.changes split BASE SECONDS", file=sys.stderr)
         return 2
     sched, conform, why = time_split(changed_paths(argv[1]), int(argv[2]))
     print(sched, conform, why)

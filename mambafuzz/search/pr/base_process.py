@@ -9,12 +9,12 @@ process with the PR's, so it runs here, behind one narrow interface: a scenario 
 line on stdin), its signature under the split out (`{"signature": S}`, null when clean;
 `{"rejected": why}` when the base cannot run the scenario; `{"error": why}` when mambafuzz
 failed on it there). A line `{"observe": scenario}` asks instead what the scenario's cached run
-shows there (`{"observed": ...}`, mambafuzz.sim.divergence), for the findings' divergence keys;
+shows there (`{"observed": ...}`, mambafuzz.search.pr.divergence), for the findings' divergence keys;
 With the conform target (`conform_runners`), a scenario's signature is its first disagreement
 between the kernel model and vLLM's worker code there (mambafuzz.conform.target).
 `{"figures": scenario}` asks for its cached run's resource figures (`{"figures": {...}}`,
 `Trace.resource_figures`; null when the base cannot run it), for the efficiency gate
-(mambafuzz.search.efficiency_gate).
+(mambafuzz.search.pr.efficiency_gate).
 
 `where` names the base: `installed` (the vLLM installed in this interpreter's environment, with
 no overlay on PYTHONPATH and no planted mutant) or a directory made by `ci/pr-overlay` (it holds
@@ -33,7 +33,7 @@ from pathlib import Path
 from mambafuzz.exit_codes import ToolError, UsageError, one_line
 
 INSTALLED = "installed"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def check_where(where: str) -> str:
@@ -58,7 +58,7 @@ def base_env(where: str) -> dict[str, str]:
     return env
 
 
-class BaseOracle:
+class BaseProcess:
     """The client: starts the base process at once (it imports vLLM while the worker fuzzes) and
     asks it one scenario at a time."""
 
@@ -69,7 +69,7 @@ class BaseOracle:
         self.where = where
         settings = json.dumps({"split": split, "known_fix_dirs": list(known_fix_dirs or []),
                                "conform_runners": conform_runners})
-        self.proc = subprocess.Popen([sys.executable, "-m", "mambafuzz.search.base_oracle", settings],
+        self.proc = subprocess.Popen([sys.executable, "-m", "mambafuzz.search.pr.base_process", settings],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=base_env(where), text=True, bufsize=1)
 
@@ -112,7 +112,7 @@ class BaseOracle:
         return answer["signature"]
 
     def observed(self, scenario) -> dict | None:
-        """What `scenario`'s cached run shows on the base (mambafuzz.sim.divergence.observed);
+        """What `scenario`'s cached run shows on the base (mambafuzz.search.pr.divergence.observed);
         None when the base cannot run it."""
         answer = self._ask({"observe": json.loads(scenario.dumps())})
         if "error" in answer:
@@ -138,16 +138,16 @@ def cached_run(scenario, split: str, patches=()):
 def observe(scenario, split: str, patches=()) -> dict:
     """What `scenario`'s cached run shows under `split` (and `patches`), as the base answers
     `observe`: the two sides of a divergence key are computed alike."""
-    from mambafuzz.sim.divergence import observed
+    from mambafuzz.search.pr.divergence import observed
 
     return observed(cached_run(scenario, split, patches))
 
 
-def divergence_keys(found: list, split: str, patches, base: BaseOracle) -> dict:
-    """Each finding's divergence key (mambafuzz.sim.divergence.key) by its path: its minimized case
+def divergence_keys(found: list, split: str, patches, base: BaseProcess) -> dict:
+    """Each finding's divergence key (mambafuzz.search.pr.divergence.key) by its path: its minimized case
     run here (the PR's vLLM, `patches`) and on `base`; None where either side cannot run it."""
     from mambafuzz.model.scenario import ScenarioError
-    from mambafuzz.sim.divergence import key
+    from mambafuzz.search.pr.divergence import key
 
     keys = {}
     for m in found:

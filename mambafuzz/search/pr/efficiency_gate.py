@@ -4,7 +4,7 @@ runs more forward steps, or holds more blocks at its peak than its base is a fin
 
 Prefix caching exists to save compute, and a change that keeps every state right can still
 waste it (a checkpoint dropped early, a block freed late, an extra block taken). The figures of
-one run are exact (the harness is deterministic), so the base process (mambafuzz.search.base_oracle)
+one run are exact (the harness is deterministic), so the base process (mambafuzz.search.pr.base_process)
 runs the same scenario beside this one, while it runs, and the two are compared figure by figure.
 A figure a PR is meant to change is allowed in the job's arguments (`--allow-efficiency`),
 never silenced here.
@@ -35,7 +35,7 @@ def figures(trace: Trace) -> dict[str, int]:
 
 def figures_of(scenario: Scenario, split: str) -> dict[str, int]:
     """`scenario`'s figures under `split` in this process's vLLM: what the base answers."""
-    from mambafuzz.search.base_oracle import cached_run
+    from mambafuzz.search.pr.base_process import cached_run
 
     return figures(cached_run(scenario, split))
 
@@ -65,7 +65,7 @@ def regression(ours: dict[str, int], theirs: dict[str, int], allowed: frozenset[
 
 def gated_judge(split: str, base, allowed: frozenset[str] = frozenset()) -> Judge:
     """The oracles under `split`, then, for an input they pass, the efficiency gate against
-    `base` (a BaseOracle): the base runs the scenario while this process does."""
+    `base` (a BaseProcess): the base runs the scenario while this process does."""
     def verdict(scenario: Scenario) -> Violation | None:
         base.figures_begin(scenario)
         try:

@@ -5,8 +5,8 @@ minimized case differ, and the first place they do is the code change's first vi
 which scheduler or KV-cache-manager output (a hit length, a chunk's token count, a block id, a
 published hash) it moved first, and on what kind of row. That place depends on the change, not
 on the symptom the oracles saw many steps later, so it tells apart two bugs that end in the same
-symptom (mambafuzz.store.grouping). `observed` is what one run shows, in a form that crosses a
-process boundary (the base runs in another process, mambafuzz.search.base_oracle); `first_difference`
+symptom (mambafuzz.search.pr.grouping). `observed` is what one run shows, in a form that crosses a
+process boundary (the base runs in another process, mambafuzz.search.pr.base_process); `first_difference`
 compares two of them.
 """
 

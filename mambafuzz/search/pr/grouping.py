@@ -8,7 +8,7 @@ the pre-fix split), each a distinct symptom. Two cheap rules link findings by sy
   other's signature (either way round): the first case's requests reach the second symptom.
 Symptoms are shared by different bugs, so these rules alone join findings of two planted bugs in
 one findings directory (bench/RESULTS.md). Where the campaign has a base (the PR job), each
-finding also carries a divergence key (mambafuzz.sim.divergence: the output its minimized case
+finding also carries a divergence key (mambafuzz.search.pr.divergence: the output its minimized case
 first shows differently on the PR's vLLM than on the base's), which depends on the code change,
 not on the symptom. Then two findings join only when their keys agree AND a symptom rule links
 them; a finding joins every group holding a member it is so linked to (merging those groups),

@@ -1,4 +1,4 @@
-"""PR mode's efficiency gate (mambafuzz/search/efficiency_gate.py): an input on which the PR's vLLM
+"""PR mode's efficiency gate (mambafuzz/search/pr/efficiency_gate.py): an input on which the PR's vLLM
 does more work than its base is a finding, with both sides' figures; an allowed figure is not."""
 
 import sys
@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 
 from mambafuzz.cli.main import main
-from mambafuzz.search import efficiency_gate, mutants
-from mambafuzz.search.base_oracle import BaseOracle
+from mambafuzz.search import mutants
+from mambafuzz.search.pr import efficiency_gate
+from mambafuzz.search.pr.base_process import BaseProcess
 from mambafuzz.sim import patching
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "checks"))
 from test_resources import RESEND  # noqa: E402  a resend whose hit a planted bug takes away
 
 
@@ -67,7 +68,7 @@ def test_the_gated_judge_finds_a_planted_resource_bug_its_base_does_not_have():
 
 
 def test_the_base_process_answers_the_figures_this_process_computes():
-    base = BaseOracle("installed", "fixed")
+    base = BaseProcess("installed", "fixed")
     try:
         base.figures_begin(RESEND)
         assert base.figures_end() == efficiency_gate.figures_of(RESEND, "fixed")
@@ -84,7 +85,7 @@ def test_allow_efficiency_needs_a_base(capsys):
 def test_the_mutation_run_confirms_a_gate_kill_by_replaying_both_sides():
     """bench/mutation_run.py --base: an efficiency_regression kills a mutant only when replaying the
     case with and without it gives exactly the filed figures."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
     import mutation_run
 
     ok, why = mutation_run.confirms_regression(RESEND, "resource_prompt_checkpoint_evicted",
@@ -102,15 +103,15 @@ def test_the_base_process_judges_as_the_conform_target_when_asked():
     from mambafuzz.model.scenario import loads
 
     # the oracles find a capacity behaviour of vLLM 0.32 here; the worker code agrees with the kernel model
-    case = Path(__file__).resolve().parents[2] / "corpus/upstream/async_inflight_state_block_beyond_startup_reserve"
+    case = Path(__file__).resolve().parents[3] / "corpus/upstream/async_inflight_state_block_beyond_startup_reserve"
     s = loads((case / "async_inflight_state_block_beyond_startup_reserve.json").read_text())
     mine = conform_target.verdict(s, ["v1"])
-    base = BaseOracle("installed", "fixed", conform_runners=["v1"])
+    base = BaseProcess("installed", "fixed", conform_runners=["v1"])
     try:
         assert base.signature_of(s) == (None if mine is None else mine.signature)
     finally:
         base.close()
-    scheduler_base = BaseOracle("installed", "fixed")
+    scheduler_base = BaseProcess("installed", "fixed")
     try:
         assert scheduler_base.signature_of(s).startswith("capacity:")
     finally:

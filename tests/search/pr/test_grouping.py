@@ -8,7 +8,7 @@ import dataclasses
 import json
 
 from mambafuzz.cli import ci_report
-from mambafuzz.store import grouping
+from mambafuzz.search.pr import grouping
 from mambafuzz.store.corpus import PRE_EXISTING, atomic_write, case_json
 from tests.conftest import first_chunk_scenario
 
@@ -113,10 +113,10 @@ def test_planted_bugs_with_one_symptom_stay_apart_and_one_bugs_findings_join():
     from pathlib import Path
 
     from mambafuzz.search import mutants
-    from mambafuzz.search.base_oracle import observe
-    from mambafuzz.sim.divergence import key
+    from mambafuzz.search.pr.base_process import observe
+    from mambafuzz.search.pr.divergence import key
 
-    data = Path(__file__).resolve().parent.parent / "data" / "grouping"
+    data = Path(__file__).resolve().parents[2] / "data" / "grouping"
     found = grouping.members([data / "skip_a.json", data / "skip_b.json", data / "realign.json"])
     bug = {"skip_a.json": "manager_skip_one_token_more", "skip_b.json": "manager_skip_one_token_more",
            "realign.json": "split_realign_one_block_late"}
