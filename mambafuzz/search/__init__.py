@@ -1,1 +1,1 @@
-"""The search: campaign supervisor, worker protocol and runtimes, fuzz targets, scoped instrumentation, minimizer, coverage map and planted bugs (mutants)."""
+"""The search: campaign supervisor, worker protocol and runtimes, fuzz targets, scoped instrumentation, minimizer, coverage map, and the start-up step that plants a mutant (mambafuzz.tools.mutation)."""
