@@ -32,8 +32,7 @@ def classify(row: dict, classes: dict) -> str:
 
 def table(rows: list[dict], generated: Counter, classes: dict) -> str:
     """Per function (generated: mutants per function): how many ran and each column's count."""
-    cols = COLUMNS
-    out = [f"{'function':42} {'generated':>9} {'run':>4} " + " ".join(f"{c:>12}" for c in cols)
+    out = [f"{'function':42} {'generated':>9} {'run':>4} " + " ".join(f"{c:>12}" for c in COLUMNS)
            + f" {'hidden-by-fixes':>15}"]
     total: Counter = Counter()
     for fn in sorted(generated):
@@ -44,8 +43,8 @@ def table(rows: list[dict], generated: Counter, classes: dict) -> str:
         total["run"] += len(rs)
         total["hidden"] += hidden
         total["generated"] += generated[fn]
-        out.append(f"{fn:42} {generated[fn]:>9} {len(rs):>4} " + " ".join(f"{c[k]:>12}" for k in cols) + f" {hidden:>15}")
-    out.append(f"{'total':42} {total['generated']:>9} {total['run']:>4} " + " ".join(f"{total[k]:>12}" for k in cols)
+        out.append(f"{fn:42} {generated[fn]:>9} {len(rs):>4} " + " ".join(f"{c[k]:>12}" for k in COLUMNS) + f" {hidden:>15}")
+    out.append(f"{'total':42} {total['generated']:>9} {total['run']:>4} " + " ".join(f"{total[k]:>12}" for k in COLUMNS)
                + f" {total['hidden']:>15}")
     return "\n".join(out)
 
