@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mambafuzz.checks.pipeline import signature_of  # noqa: E402
-from mambafuzz.search import mutants  # noqa: E402
 from mambafuzz.search.pr import grouping  # noqa: E402
 from mambafuzz.search.pr.base_process import observe  # noqa: E402
 from mambafuzz.search.pr.divergence import key  # noqa: E402
+from mambafuzz.tools.mutation import planting  # noqa: E402
 
 
 def bug_of(path: str) -> str:
@@ -53,13 +53,13 @@ def main() -> int:
     ap.add_argument("dirs", nargs="+", type=Path)
     args = ap.parse_args()
     names = args.mutants.split(",")
-    planted = [p for n in names for p in mutants.patches(n)]
+    planted = [p for n in names for p in planting.patches(n)]
     found = discovery_order(args.dirs)
     keys = {m.path: key(observe(m.scenario, "fixed", planted), observe(m.scenario, "fixed")) for m in found}
     alone = {}
     for m in found:
         shown = signature_of(m.scenario, "fixed", planted)
-        alone[str(m.path)] = {n for n in names if signature_of(m.scenario, "fixed", mutants.patches(n)) == shown}
+        alone[str(m.path)] = {n for n in names if signature_of(m.scenario, "fixed", planting.patches(n)) == shown}
     print("keys:", dict(Counter((bug_of(str(m.path)), keys[m.path]) for m in found)))
 
     def replay(scenario, split):

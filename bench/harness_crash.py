@@ -1,5 +1,5 @@
 """Harness-crash campaign: can a buggy vLLM stop a fuzz worker? Plant each bug of
-mambafuzz/search/mutants.py in turn, fuzz `--split fixed` from an empty corpus with no known bugs
+mambafuzz/tools/mutation/planted.py in turn, fuzz `--split fixed` from an empty corpus with no known bugs
 (every violation is filed), and count what must stay 0: worker deaths and tool failures (inputs
 kept under findings/tool-errors/). Contract findings (`SchedulerContract@scheduler-output|rule`)
 are listed: each rule needs a test in tests/.
@@ -45,7 +45,7 @@ def hunt(mutant: str, max_time: float, seed: int) -> dict:
 
 
 def main() -> int:
-    from mambafuzz.search.mutants import MUTANTS
+    from mambafuzz.tools.mutation.planted import MUTANTS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--max-time", type=float, default=45.0)

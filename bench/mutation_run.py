@@ -1,15 +1,15 @@
 """Systematic mutation analysis: for each generated first-order mutant of vLLM's mamba
-scheduling code (mambafuzz/tools/mutation.py, mutmut's operators), run one time-boxed
+scheduling code (mambafuzz/tools/mutation/operators.py, mutmut's operators), run one time-boxed
 `python -m mambafuzz.cli fuzz --split fixed` from an empty corpus with the mutant planted in its
 workers, and count a kill only when attributed: the first finding fails with the mutant and
-replays clean without it (`mutants.confirms_kill`, in this process, where nothing is planted).
+replays clean without it (`kills.confirms_kill`, in this process, where nothing is planted).
 
 For each kill it also replays the finding with the mutant plus every known fix (what
 `--with-known-fixes` runs): `hidden_by_known_fixes` means that finding would not be seen there.
 Survivors are classified by hand in bench/mutation_classes.json (equivalent / efficiency (the
 outputs stay right, only cache efficiency changes, which campaigns do not judge) / unreachable /
 missed, each with its argument and evidence), keyed by mutant id and the function's source digest, so a
-changed vLLM shows a classification as stale instead of reusing it.
+changed vLLM shows a classification as stale instead of reusing it (mambafuzz/tools/mutation/tables.py).
 
     python bench/mutation_run.py --targets split [MambaManager coordinator allocate_slots get_computed_blocks
         schedule update_from_output ...] [--mutants ID ...]
@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mambafuzz.search import generators  # noqa: E402  (imports no vLLM)
+from mambafuzz.tools.mutation import kills, tables  # noqa: E402  (imports no vLLM)
 
 CLASSES = ROOT / "bench" / "mutation_classes.json"
 KNOWN = ["corpus/regressions", "corpus/upstream"]
@@ -73,7 +74,6 @@ def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: f
         meta = json.loads(files[0].read_text())["finding"]
         row.update(signature=meta["signature"], seconds=meta["origin"].get("seconds"),
                    execs=meta["origin"].get("execs"))
-        from mambafuzz.search.mutants import confirms_kill
         from mambafuzz.store.corpus import load_case
 
         case = load_case(files[0])
@@ -81,7 +81,7 @@ def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: f
             if meta["signature"].startswith(EFFICIENCY_GATE):
                 ok, why = confirms_regression(case.scenario, mutant_id, meta["signature"])
             else:
-                ok, why = confirms_kill(case.scenario, "fixed", mutant_id, meta["signature"])
+                ok, why = kills.confirms_kill(case.scenario, "fixed", mutant_id, meta["signature"])
             # the oracles' replay says nothing of a gate kill (its figures need the base): not applicable
             gate = meta["signature"].startswith(EFFICIENCY_GATE)
             hidden = hidden_by_known_fixes(case.scenario, mutant_id) if ok and not gate else None
@@ -100,12 +100,12 @@ EFFICIENCY_GATE = "efficiency_regression:"
 def confirms_regression(scenario, mutant_id: str, signature: str) -> tuple[bool, str]:
     """An efficiency-gate finding kills the mutant when the mutant's figures are worse than the
     unmutated vLLM's on the case in exactly the figures the signature names (both replayed here)."""
-    from mambafuzz.search import mutants
     from mambafuzz.search.pr import efficiency_gate
     from mambafuzz.sim import patching
+    from mambafuzz.tools.mutation import planting
 
     theirs = efficiency_gate.figures_of(scenario, "fixed")
-    with patching.applied(mutants.patches(mutant_id)):
+    with patching.applied(planting.patches(mutant_id)):
         ours = efficiency_gate.figures_of(scenario, "fixed")
     gap = efficiency_gate.regression(ours, theirs)
     if gap is not None and gap.signature == signature:
@@ -114,81 +114,15 @@ def confirms_regression(scenario, mutant_id: str, signature: str) -> tuple[bool,
 
 
 def hidden_by_known_fixes(scenario, mutant_id: str) -> bool | None:
-    """Is this finding clean with the mutant plus every known fix (what `--with-known-fixes`
-    runs)? A fix that does not apply on top of the mutant is skipped, as the worker does."""
-    import contextlib
-
-    from mambafuzz.checks.pipeline import evaluate
-    from mambafuzz.search import mutants
-    from mambafuzz.sim import patching
-    from mambafuzz.store.known_bugs import known_fix_bugs
-
-    with contextlib.ExitStack() as stack:
-        for p in mutants.patches(mutant_id):
-            stack.callback(patching.apply_one(p))
-        for bug in known_fix_bugs([ROOT / d for d in KNOWN]):
-            if bug.fix_error is None:
-                with contextlib.suppress(patching.FixNotApplicable):
-                    stack.enter_context(patching.applied(bug.patches))
-        try:
-            return evaluate(scenario, "fixed", efficiency=False).verdict.clean
-        except Exception:  # noqa: BLE001 - a replay that cannot run says nothing either way
-            return None
+    """Is this finding clean with the mutant plus every known fix under KNOWN (`kills`)?"""
+    return kills.hidden_by_known_fixes(scenario, mutant_id, [ROOT / d for d in KNOWN])
 
 
 def replay_survivors(rows: list[dict], dirs: list[str]) -> dict[str, dict]:
-    """Evidence for classifying each survivor, from every case under `dirs` (seeds, regressions,
-    other mutants' findings), in this process, milliseconds per case:
-    - `kills`: a case that fails with the mutant and is clean without: the input model reaches
-      it, so it is missed, not unreachable;
-    - `efficiency`: a case clean with the mutant but worse in cache hits than unmutated vLLM
-      (strict efficiency oracle, which campaigns do not run);
-    - `differs`: how many cases schedule differently at all (trace digest): 0 of many is the
-      first hint of an equivalent mutant, never the proof;
-    - `raised`: how many cases the unmutated vLLM runs but that raise out of `evaluate` with the
-      mutant (a tool failure: the harness met state it cannot judge), and the first one. Not 0 is a
-      gap in mambafuzz to look at, not evidence that the mutant is harmless."""
-    from mambafuzz.checks.pipeline import evaluate
-    from mambafuzz.search import mutants
-    from mambafuzz.store.corpus import load_case
-    from mambafuzz.store.report import trace_digest
-
-    cases = []
-    for d in dirs:
-        for path in sorted(Path(d).rglob("*.json")):
-            try:
-                cases.append((str(path), load_case(path).scenario))
-            except Exception:  # noqa: BLE001 - not a case (a stats or analysis file): skipped
-                continue
-    base = {}
-    for path, sc in cases:
-        try:
-            ev = evaluate(sc, "fixed", efficiency=False)
-            base[path] = (ev.verdict.clean, trace_digest(ev.trace))
-        except Exception:  # noqa: BLE001 - a case this vLLM rejects says nothing
-            continue
+    """Evidence for classifying each survivor, from every case under `dirs`
+    (`kills.survivor_evidence` says what each key means), printed as each survivor is done."""
     out: dict[str, dict] = {}
-    for r in rows:
-        if r["status"] != "survived":
-            continue
-        e: dict = {"kills": None, "efficiency": None, "differs": 0, "cases": 0, "raised": 0, "raised_first": None}
-        for path, sc in cases:
-            if path not in base:
-                continue
-            try:
-                ev = evaluate(sc, "fixed", efficiency=True, strict_efficiency=True, patches=mutants.patches(r["id"]))
-            except Exception as exc:  # noqa: BLE001 - counted: the run did not judge this case
-                e["raised"] += 1
-                e["raised_first"] = e["raised_first"] or f"{path} ({type(exc).__name__}: {str(exc)[:200]})"
-                continue
-            e["cases"] += 1
-            e["differs"] += trace_digest(ev.trace) != base[path][1]
-            if not ev.verdict.clean and base[path][0]:
-                kind = ev.verdict.primary.signature
-                if kind.startswith("efficiency"):
-                    e["efficiency"] = e["efficiency"] or f"{path} ({kind})"
-                else:
-                    e["kills"] = e["kills"] or f"{path} ({kind})"
+    for r, e in kills.survivor_evidence(rows, dirs):
         out[r["id"]] = e
         print(f"  {r['id']:52} differs on {e['differs']}/{e['cases']}; kills: {e['kills']}; "
               f"efficiency: {e['efficiency']}" + (f"; RAISED on {e['raised']}: {e['raised_first']}" if e["raised"] else "")
@@ -196,61 +130,12 @@ def replay_survivors(rows: list[dict], dirs: list[str]) -> dict[str, dict]:
     return out
 
 
-def last_row_per_mutant(paths: list[str], generator: str, functions: set[str]) -> list[dict]:
-    """The rows of `paths`, in order, of `generator` and of `functions`; a mutant's later row
-    replaces its earlier one (a re-run of survivors on an unchanging checkout supersedes a run
-    whose survivors were not trustworthy, docs/MUTATION.md)."""
-    rows: dict[str, dict] = {}
-    for path in paths:
-        for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-            if line.strip():
-                r = json.loads(line)
-                if not isinstance(r, dict) or not {"id", "generator", "function"} <= r.keys():
-                    raise ValueError(f"{path}:{n}: not a mutation_run row (id, generator, function)")
-                if r["generator"] == generator and r["function"] in functions:
-                    rows.pop(r["id"], None)
-                    rows[r["id"]] = r
-    return list(rows.values())
-
-
-def load_classes() -> dict:
-    return json.loads(CLASSES.read_text()) if CLASSES.exists() else {}
-
-
-def classify(row: dict, classes: dict) -> str:
-    """killed / unconfirmed / tool-error, or a survivor's hand classification (stale when the
-    function's source changed since it was classified, unclassified when there is none)."""
-    if row["status"] != "survived":
-        return row["status"]
-    c = classes.get(row["id"])
-    if c is None:
-        return "unclassified"
-    return c["class"] if c.get("digest") == row["digest"] else "stale"
-
-
 def table(rows: list[dict], generated: Counter) -> str:
-    classes = load_classes()
-    cols = ["killed", "equivalent", "efficiency", "unreachable", "missed", "unclassified", "unconfirmed",
-            "tool-error", "stale"]
-    out = [f"{'function':42} {'generated':>9} {'run':>4} " + " ".join(f"{c:>12}" for c in cols)
-           + f" {'hidden-by-fixes':>15}"]
-    total: Counter = Counter()
-    for fn in sorted(generated):
-        rs = [r for r in rows if r["function"] == fn]
-        c = Counter(classify(r, classes) for r in rs)
-        hidden = sum(bool(r.get("hidden_by_known_fixes")) for r in rs)
-        total.update(c)
-        total["run"] += len(rs)
-        total["hidden"] += hidden
-        total["generated"] += generated[fn]
-        out.append(f"{fn:42} {generated[fn]:>9} {len(rs):>4} " + " ".join(f"{c[k]:>12}" for k in cols) + f" {hidden:>15}")
-    out.append(f"{'total':42} {total['generated']:>9} {total['run']:>4} " + " ".join(f"{total[k]:>12}" for k in cols)
-               + f" {total['hidden']:>15}")
-    return "\n".join(out)
+    return tables.table(rows, generated, tables.load_classes(CLASSES))
 
 
 def print_list(mt, targets: list[str], chosen: list, with_statements: bool) -> None:
-    """Per function: kept / generated (what mamba_statements' rule selects of mutmut's mutants;
+    """Per function: kept / generated (what the rule of `statements` selects of mutmut's mutants;
     `whole` when the function is kept whole), then each chosen mutant."""
     for t in mt.expand(targets):
         kept = len(mt.mutants_of(t))
@@ -264,7 +149,7 @@ def print_list(mt, targets: list[str], chosen: list, with_statements: bool) -> N
 
 
 def main() -> int:
-    from mambafuzz.tools import mutation as mt
+    from mambafuzz.tools.mutation import operators as mt
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--targets", nargs="+", default=["split"], help=f"groups ({', '.join(mt.GROUPS)}) or Class.function")
@@ -318,7 +203,7 @@ def main() -> int:
     generated = Counter(fn_of[m.target] for m in every)
     if args.table_from:
         try:
-            combined = last_row_per_mutant(args.table_from, args.generator, set(generated))
+            combined = tables.last_row_per_mutant(args.table_from, args.generator, set(generated))
         except (OSError, ValueError) as exc:
             print(f"mutation_run: --table-from: {exc}", file=sys.stderr)
             return 2

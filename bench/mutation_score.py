@@ -1,10 +1,10 @@
-"""Mutation score and attributed time to bug: plant each bug of mambafuzz/search/mutants.py into the
+"""Mutation score and attributed time to bug: plant each bug of mambafuzz/tools/mutation/planted.py into the
 installed vLLM (in the worker processes only), fuzz `--split fixed` from an empty corpus
 with each generator and several seeds, and report, per planted bug and generator, how many
 hunts found it and the time and executions to the first *attributed* finding.
 
 A finding is attributed to the planted bug only when it fails with the mutant and replays
-clean without it (`mambafuzz.search.mutants.confirms_kill`, run in this process, where nothing is
+clean without it (`mambafuzz.tools.mutation.kills.confirms_kill`, run in this process, where nothing is
 planted), as FuzzBench and Magma attribute bugs. Known upstream behaviours are explained by
 their candidate fixes (`--known corpus/regressions corpus/upstream`: a finding a known fix
 explains is a duplicate, and the hunt goes on). A first finding that does not confirm the
@@ -69,8 +69,8 @@ def hunt(mutant: str, generator: str, seed: int, max_time: float) -> dict:
                    execs=meta["origin"].get("execs"))
         if mutant == "none":  # the control has no planted bug to confirm: any finding is a false positive
             return {**row, "killed": True}
-        from mambafuzz.search.mutants import confirms_kill
         from mambafuzz.store.corpus import load_case
+        from mambafuzz.tools.mutation.kills import confirms_kill
 
         with CONFIRM_LOCK:  # patching vLLM is process-wide: two confirmations at once undo each other
             ok, why = confirms_kill(load_case(files[0]).scenario, "fixed", mutant, meta["signature"])
@@ -92,7 +92,7 @@ def median(values: list[float], digits: int = 1) -> str:
 
 
 def table(rows: list[dict], mutants: list[str], generators: list[str]) -> str:
-    from mambafuzz.search.mutants import MUTANTS
+    from mambafuzz.tools.mutation.planted import MUTANTS
 
     out = [f"{'mutant':32} " + " ".join(f"{g:>10} {'fuzz s':>7} {'wall s':>7} {'execs':>7}" for g in generators)]
     for name in mutants:
@@ -131,7 +131,7 @@ def ranking(rows: list[dict], mutants: list[str], generators: list[str]) -> list
 
 
 def main() -> int:
-    from mambafuzz.search.mutants import MUTANTS
+    from mambafuzz.tools.mutation.planted import MUTANTS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--generators", "--engines", dest="generators", nargs="+", default=list(generators.names()),

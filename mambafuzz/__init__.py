@@ -19,12 +19,13 @@ below is the order; tests/test_layers.py holds every import to it, function-loca
   attribution by candidate fixes.
 - `mambafuzz.conform`: the conformance tier (the kernel model held against vLLM's worker code).
 - `mambafuzz.tools`: fix cost, coverage replay, vLLM environments and the version matrix,
-  mutation testing: libraries over the checks that campaigns (planted mutants) and exports (the
-  fix's cost) use, so they sit below both.
+  mutation testing (`tools.mutation`: planted and generated mutants, planting one by name,
+  confirming kills, the mutation run's fork server and tables): libraries over the checks that
+  campaigns (planted mutants) and exports (the fix's cost) use, so they sit below both.
 - `mambafuzz.search`: campaigns (supervisor, worker protocol and runtimes, fuzz targets, scoped
   instrumentation), triage (dedup, attribution, repro, minimizing, announcing), the minimizer,
-  the coverage map and planted bugs, PR mode (`search.pr`: the base vLLM's process, judging a
-  finding against the base, the efficiency gate, divergence and grouping), and the one start-up step of a process that runs scenarios
+  the coverage map, PR mode (`search.pr`: the base vLLM's process, judging a finding against the
+  base, the efficiency gate, divergence and grouping), and the one start-up step of a process that runs scenarios
   (`mambafuzz.search.startup.prepare_worker`: the planted bug, `--patch` fixes, known fixes,
   Triton's CPU shim). Importing a module plants, patches or enables nothing.
 - `mambafuzz.engine_tier`: real vLLM engines on CPU (end-to-end confirmation, the audit plugin).

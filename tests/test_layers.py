@@ -24,7 +24,7 @@ from mambafuzz import LAYERS
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "mambafuzz"
 
-# Module-level calls whose names say they plant, patch or enable something (`mutants.apply`,
+# Module-level calls whose names say they plant, patch or enable something (`planting.apply`,
 # `triton_cpu.enable`, a bridge's `_apply_planted_bug`, ...): on import they would change the process for
 # whoever imports. The one start-up step (mambafuzz.search.startup.prepare_worker) does these
 # when an entry point asks.

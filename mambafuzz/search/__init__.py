@@ -1,1 +1,1 @@
-"""The search: campaign supervisor, worker protocol and runtimes, fuzz targets, scoped instrumentation, minimizer, coverage map, planted bugs (mutants) and PR mode (`pr`: judging against the base vLLM)."""
+"""The search: campaign supervisor, worker protocol and runtimes, fuzz targets, scoped instrumentation, minimizer, coverage map, PR mode (`pr`: judging against the base vLLM), and the start-up step that plants a mutant (mambafuzz.tools.mutation)."""

@@ -5,7 +5,7 @@ Triton it uses) for the rest of its life, done when its entry point asks, never 
 1. Triton's CPU shim (mambafuzz.sim.vllm_compat.triton_cpu) when the process runs the
    conformance tier: it must come before any vLLM kernel module is imported, and a `--patch`
    may name a conformance module;
-2. the planted bug `MAMBAFUZZ_MUTANT` names (mutation testing: mambafuzz.search.mutants);
+2. the planted bug `MAMBAFUZZ_MUTANT` names (mutation testing: mambafuzz.tools.mutation.planting);
 3. the `--patch` specs and the `--with-known-fixes` directories (a fuzz worker's WorkerConfig).
 
 Its callers, one call each before their first scenario: the fuzz workers (the atheris target
@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-MUTANT_ENV = "MAMBAFUZZ_MUTANT"
+from mambafuzz.tools.mutation.planting import MUTANT_ENV
 
 _planted: set[str] = set()  # the mutants this process has planted (once each, however often asked)
 
@@ -38,9 +38,9 @@ def prepare_process(patches: Sequence[str] = (), known_fix_dirs: Sequence[str] =
         triton_cpu.enable()  # idempotent
     name = os.environ.get(MUTANT_ENV) if mutant is None else mutant
     if name and name not in _planted:
-        from mambafuzz.search import mutants
+        from mambafuzz.tools.mutation import planting
 
-        mutants.apply(name)
+        planting.apply(name)
         _planted.add(name)
     if patches:
         from mambafuzz.sim import patching

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM = ROOT / "corpus" / "upstream"
 KNOWN = [ROOT / "corpus" / "regressions", UPSTREAM]
 MIDBLOCK = UPSTREAM / "internal_checkpoint_midblock_resume"
-PLANTED = "mambafuzz.search.mutants:realign_one_block_late_split"
+PLANTED = "mambafuzz.tools.mutation.planted:realign_one_block_late_split"
 
 
 def collision_scenario():
@@ -151,9 +151,9 @@ def test_pr_mode_files_what_its_base_does_not_show_even_where_a_known_fix_explai
     attribution by fix dropped it as known; against the base it is new. An upstream case the base
     shows too is recorded as pre-existing, labelled by its fix, and is not new."""
     from mambafuzz.checks.pipeline import signature_of
-    from mambafuzz.search import mutants
     from mambafuzz.search.pr.against_base import AgainstBase
     from mambafuzz.search.pr.base_process import BaseProcess
+    from mambafuzz.tools.mutation import planting
 
     planted = corpus.load_case(ROOT / "tests" / "data" / "split_hash_grid_clean_under_a_known_fix.json").scenario
     upstream = corpus.load_case(MIDBLOCK / "internal_checkpoint_poison_read_back.json").scenario
@@ -163,7 +163,7 @@ def test_pr_mode_files_what_its_base_does_not_show_even_where_a_known_fix_explai
     pr.base = AgainstBase(base.signature_of, "installed")
     by_fix = Triage(FindingStore(tmp_path / "by-fix"), "fixed", known=known, minimize_budget=5, announce=False)
     try:
-        with patching.applied(mutants.patches("split_hash_grid")):
+        with patching.applied(planting.patches("split_hash_grid")):
             sig = signature_of(planted, "fixed")
             assert sig == "slot_hash:short/chunk-end+ckpt"
             assert by_fix.handle(planted, Violation(sig, "planted"), {}) is None  # a known fix explains it

@@ -1,16 +1,16 @@
 """The resource oracles (mambafuzz/checks/resources.py): each stays silent on unmodified vLLM
 for an input built to exercise it and fires, attributed, when a small resource bug is planted
-in vLLM (mambafuzz/search/mutants.py `resource_*`); the checkpoint rule is held to vLLM's own."""
+in vLLM (mambafuzz/tools/mutation/planted.py `resource_*`); the checkpoint rule is held to vLLM's own."""
 
 import pytest
 
 from mambafuzz.checks import resources
 from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.model.scenario import from_json
-from mambafuzz.search import mutants
 from mambafuzz.sim import patching
 from mambafuzz.sim.trace import Admission, Chunk, StepRecord, Trace
 from mambafuzz.sim.vllm_compat.api import get_mamba_prefill_checkpoint_position
+from mambafuzz.tools.mutation import planting
 
 
 def scenario(engine: dict, requests: list[dict], prefixes=()) -> object:
@@ -29,7 +29,7 @@ RESEND = scenario({"mamba_block_size": 64, "attn_block_size": 64, "max_num_batch
 
 
 def kinds(s, mutant: str | None = None) -> list[str]:
-    with patching.applied(mutants.patches(mutant) if mutant else []):
+    with patching.applied(planting.patches(mutant) if mutant else []):
         verdict = evaluate(s, "fixed", efficiency=False).verdict
     return [f.signature for f in verdict.findings]
 
@@ -148,7 +148,7 @@ def test_a_leaked_reference_is_found_when_it_leaks_not_at_the_end():
     finished saw it (`leaked-at-end`), now the walk after the hit names the block."""
 
     assert kinds(RESEND) == []
-    with patching.applied(mutants.patches("resource_hit_reference_leaked")):
+    with patching.applied(planting.patches("resource_hit_reference_leaked")):
         verdict = evaluate(RESEND, "fixed", efficiency=False)
     finding = verdict.verdict.findings[0]
     assert finding.signature == "pool_accounting:ref-conservation/unowned-reference", finding

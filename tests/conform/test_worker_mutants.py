@@ -1,4 +1,4 @@
-"""Each planted worker-code bug (mambafuzz.search.mutants, the `worker_*` family) has a kept case in
+"""Each planted worker-code bug (mambafuzz.tools.mutation.planted, the `worker_*` family) has a kept case in
 bench/mutation_cases/ on which the conformance tier agrees with unmodified vLLM 0.32.0 and disagrees
 once the bug is planted, signed by the runner and mixer whose code it changes.  The cases' notes say
 where each came from (the PR job's fuzzing, or a hand-written probe)."""
@@ -12,8 +12,8 @@ import pytest
 
 from mambafuzz.conform.target import first_disagreement, signature
 from mambafuzz.model.scenario import from_json
-from mambafuzz.search import mutants
 from mambafuzz.sim import patching
+from mambafuzz.tools.mutation import planted, planting
 
 CASES = Path(__file__).resolve().parents[2] / "bench" / "mutation_cases"
 
@@ -27,7 +27,7 @@ WORKER_MUTANTS = {
 
 
 def test_every_worker_mutant_has_a_kept_case():
-    assert {n for n in mutants.MUTANTS if n.startswith("worker_")} == set(WORKER_MUTANTS)
+    assert {n for n in planted.MUTANTS if n.startswith("worker_")} == set(WORKER_MUTANTS)
 
 
 @pytest.mark.parametrize("name", sorted(WORKER_MUTANTS))
@@ -35,7 +35,7 @@ def test_the_kept_case_agrees_unmodified_and_disagrees_with_the_bug_planted(name
     case, expected = WORKER_MUTANTS[name]
     s = from_json(json.loads((CASES / case).read_text()))
     assert first_disagreement(s, ("v1", "v2")) is None
-    with patching.applied(mutants.patches(name)):
+    with patching.applied(planting.patches(name)):
         found = first_disagreement(s, ("v1", "v2"))
     assert found is not None and signature(found) == expected
     assert first_disagreement(s, ("v1", "v2")) is None  # the patch is gone again
@@ -47,7 +47,7 @@ def test_a_state_column_seeded_past_the_table_reads_the_null_block_every_time():
     (which Triton's interpreter returns differently on each run), and its source is compared."""
     case, _ = WORKER_MUTANTS["worker_v2_state_column_in_cache_blocks"]
     s = from_json(json.loads((CASES / case).read_text()))
-    with patching.applied(mutants.patches("worker_v2_state_column_in_cache_blocks")):
+    with patching.applied(planting.patches("worker_v2_state_column_in_cache_blocks")):
         found = [first_disagreement(s, ("v2",)) for _ in range(2)]
     assert all(f is not None and f.vllm == found[0].vllm for f in found)
     ((src, dst),) = found[0].vllm[2]

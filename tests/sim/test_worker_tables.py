@@ -8,10 +8,10 @@ import pytest
 
 from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.model.scenario import from_json
-from mambafuzz.search import mutants
 from mambafuzz.sim import harness, patching
 from mambafuzz.sim import vllm_bridge as vb
 from mambafuzz.sim.worker_tables import UntoldRequest, WorkerTables
+from mambafuzz.tools.mutation import planting
 
 
 def output(new=(), cached=(), resumed=(), finished=(), preempted=()):
@@ -97,7 +97,7 @@ PARTIAL_TAIL = from_json({
 
 
 def signatures(s, mutant=None, runner=None):
-    with patching.applied(mutants.patches(mutant) if mutant else []):
+    with patching.applied(planting.patches(mutant) if mutant else []):
         return [f.signature + "|" + f.mechanism for f in evaluate(s, "fixed", efficiency=False, runner=runner)
                 .verdict.findings]
 

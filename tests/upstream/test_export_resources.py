@@ -1,7 +1,7 @@
 """The resource kinds export as standalone vLLM tests (mambafuzz export-test): a `pool_accounting`
 case asserts the pool's counts after every step, a `capacity` case that a request alone holds no
 more than vLLM's start-up reserve and is never preempted. Each exported test passes on unmodified
-vLLM and fails with the planted bug of its kind only (mambafuzz.search.mutants `resource_*`), so
+vLLM and fails with the planted bug of its kind only (mambafuzz.tools.mutation.planted `resource_*`), so
 it tests the rule, not the case."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _run(test: Path, planted: str | None, tmp_path: Path) -> subprocess.Complete
            "-W", "ignore::pytest.PytestUnknownMarkWarning", str(test)]
     if planted is not None:
         fix = tmp_path / f"planted_{planted}.py"
-        fix.write_text(f"from mambafuzz.search import mutants\n\nPATCHES = mutants.patches({planted!r})\n")
+        fix.write_text(f"from mambafuzz.tools.mutation import planting\n\nPATCHES = planting.patches({planted!r})\n")
         env["MAMBAFUZZ_PATCHES"] = str(fix)
         cmd[3:3] = ["-p", "mambafuzz.upstream.fix_plugin"]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -77,11 +77,10 @@ def _pr_against(where: str) -> tuple[list, Path, Path | None]:
     vLLM tree this process imports, and the base's tree (None when it cannot be found)."""
     import importlib.util
 
-    from mambafuzz.search import mutants
-    from mambafuzz.search.startup import MUTANT_ENV
+    from mambafuzz.tools.mutation import planting
 
-    name = os.environ.get(MUTANT_ENV)
-    planted = list(mutants.patches(name)) if name else []
+    name = os.environ.get(planting.MUTANT_ENV)
+    planted = list(planting.patches(name)) if name else []
     return planted, Path(importlib.util.find_spec("vllm").origin).parent, base_package_dir(where)
 
 

@@ -4,8 +4,8 @@ and joining every new finding when there is one."""
 from pathlib import Path
 
 from mambafuzz.search.pr import changes
-from mambafuzz.search.startup import MUTANT_ENV
 from mambafuzz.sim.patching import Rewrite, Wrap
+from mambafuzz.tools.mutation.planting import MUTANT_ENV
 
 SOURCE = "def f(x):\n    a = x + 1\n    b = a * 2\n    c = b - 3\n    d = c // 4\n    return d\n"
 

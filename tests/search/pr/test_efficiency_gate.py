@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from mambafuzz.cli.main import main
-from mambafuzz.search import mutants
 from mambafuzz.search.pr import efficiency_gate
 from mambafuzz.search.pr.base_process import BaseProcess
 from mambafuzz.sim import patching
+from mambafuzz.tools.mutation import planting
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "checks"))
 from test_resources import RESEND  # noqa: E402  a resend whose hit a planted bug takes away
@@ -56,11 +56,11 @@ def test_the_gated_judge_finds_a_planted_resource_bug_its_base_does_not_have():
     assert v.signature == "efficiency_regression:hits" and f"{unmodified['hits']} here" in v.message
     assert better.repro(Path("case.json"), v.signature).endswith("--base test-base")
     assert efficiency_gate.gated_judge("fixed", _FixedBase(None)).verdict(RESEND) is None  # base cannot run it
-    with patching.applied(mutants.patches("resource_prompt_checkpoint_evicted")):
+    with patching.applied(planting.patches("resource_prompt_checkpoint_evicted")):
         v = judge.verdict(RESEND)
     # the oracles' own finding comes first; the gate judges only what they pass
     assert v.signature == "missed_hit:below-prompt-checkpoint"
-    with patching.applied(mutants.patches("resource_prompt_checkpoint_evicted")):
+    with patching.applied(planting.patches("resource_prompt_checkpoint_evicted")):
         figures = efficiency_gate.figures_of(RESEND, "fixed")
     assert figures["hits"] < unmodified["hits"] and figures["steps"] > unmodified["steps"]
     assert efficiency_gate.regression(figures, unmodified).signature == "efficiency_regression:hits+steps"

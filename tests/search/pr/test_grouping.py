@@ -112,15 +112,15 @@ def test_planted_bugs_with_one_symptom_stay_apart_and_one_bugs_findings_join():
     its own bug's vLLM against the unmutated one, as the PR job keys them."""
     from pathlib import Path
 
-    from mambafuzz.search import mutants
     from mambafuzz.search.pr.base_process import observe
     from mambafuzz.search.pr.divergence import key
+    from mambafuzz.tools.mutation import planting
 
     data = Path(__file__).resolve().parents[2] / "data" / "grouping"
     found = grouping.members([data / "skip_a.json", data / "skip_b.json", data / "realign.json"])
     bug = {"skip_a.json": "manager_skip_one_token_more", "skip_b.json": "manager_skip_one_token_more",
            "realign.json": "split_realign_one_block_late"}
-    keys = {m.path: key(observe(m.scenario, "fixed", mutants.patches(bug[m.path.name])), observe(m.scenario, "fixed"))
+    keys = {m.path: key(observe(m.scenario, "fixed", planting.patches(bug[m.path.name])), observe(m.scenario, "fixed"))
             for m in found}
     assert len({(m.signature, m.fine_signature) for m in found}) == 1  # one symptom
     assert [keys[m.path] for m in found] == ["same-outputs", "same-outputs", "rows.num_scheduled_tokens"]

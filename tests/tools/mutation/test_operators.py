@@ -1,4 +1,4 @@
-"""Generated mutants (mambafuzz.tools.mutation): made from the installed vLLM, applied and
+"""Generated mutants (mambafuzz.tools.mutation.operators): made from the installed vLLM, applied and
 restored in one process, planted in a fresh process by MAMBAFUZZ_MUTANT, and a kill is
 confirmed only by a scenario that fails with the mutant and is clean without it."""
 
@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from mambafuzz.search import mutants
 from mambafuzz.sim import patching
 from mambafuzz.store import corpus
-from mambafuzz.tools import mamba_statements
-from mambafuzz.tools import mutation as mt
+from mambafuzz.tools.mutation import kills, planting, statements
+from mambafuzz.tools.mutation import operators as mt
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SPLIT = "mm:Scheduler._mamba_block_aligned_split"
 CASE = ROOT / "tests" / "data" / "mutant_split_chunk_end_plus_start.json"
 # The targets mutated only where they concern align mode (issue 21: the large functions).
@@ -41,7 +40,7 @@ def test_every_mutant_of_every_group_applies_with_a_unique_id():
     for m in every:
         assert mt.find(m.id) == m
         assert m.source != mt.function_source(m.target)[0], m.id
-        assert patching.check_applies(mutants.patches(m.id)) is None, m.id
+        assert patching.check_applies(planting.patches(m.id)) is None, m.id
 
 
 def test_a_mutant_replaces_the_method_and_is_restored():
@@ -49,7 +48,7 @@ def test_a_mutant_replaces_the_method_and_is_restored():
 
     original = Scheduler.__dict__["_mamba_block_aligned_split"]
     m = split_mutant("- return max(end - start, 0) | + return max(end + start, 0)")
-    with patching.applied(mutants.patches(m.id)):
+    with patching.applied(planting.patches(m.id)):
         planted = Scheduler.__dict__["_mamba_block_aligned_split"]
         assert planted is not original
         # vLLM's file and line numbers, so crash locations point into vLLM's source
@@ -76,7 +75,7 @@ def schedule(self, request):
 def test_the_rule_keeps_the_mutations_of_mamba_statements_only():
     """Statements, enclosing headers and call arguments are judged by the identifiers they name."""
     _, wrapper, every = mt.visit(SOURCE)
-    kept = {id(m) for m in mamba_statements.select(wrapper, every)}
+    kept = {id(m) for m in statements.select(wrapper, every)}
     code = wrapper.module.code_for_node
     old = SOURCE.splitlines()
     by_line: dict[str, set[bool]] = {}
@@ -188,7 +187,7 @@ def test_a_rewriting_fix_edits_the_mutant_not_the_file():
     """inspect would hand a Rewrite vLLM's unmutated lines; the mutant's own text must be used."""
     m = split_mutant("- return max(end - start, 0) | + return max(end + start, 0)")
     undo = patching.Rewrite(patching.SPLIT_TARGET, (("return max(end - start, 0)", "return 0"),))
-    with patching.applied(mutants.patches(m.id)):
+    with patching.applied(planting.patches(m.id)):
         assert patching.check_applies([undo]) is not None  # the text it edits is gone in the mutant
         keep = patching.Rewrite(patching.SPLIT_TARGET, (("return max(end + start, 0)", "return max(end + start, 1)"),))
         assert patching.check_applies([keep]) is None
@@ -206,18 +205,18 @@ def test_zero_argument_super_still_works_in_a_mutated_method():
 def test_kill_is_attributed_only_with_the_mutant_and_a_clean_baseline():
     case = corpus.load_case(CASE)
     killer = split_mutant("- return max(end - start, 0) | + return max(end + start, 0)")
-    ok, why = mutants.confirms_kill(case.scenario, "fixed", killer.id, case.extra["finding"]["signature"])
+    ok, why = kills.confirms_kill(case.scenario, "fixed", killer.id, case.extra["finding"]["signature"])
     assert ok, why
     # the default of an argument every caller passes: this scenario cannot tell it apart
     default = split_mutant("- num_external_computed_tokens: int = 0, | + num_external_computed_tokens: int = 1,")
-    ok, why = mutants.confirms_kill(case.scenario, "fixed", default.id)
+    ok, why = kills.confirms_kill(case.scenario, "fixed", default.id)
     assert not ok and "clean with the mutant" in why
 
 
 @pytest.mark.parametrize("bad", ["mm:Scheduler._mamba_block_aligned_split:99999", "mm:Nope.f:1", "mm:x", "mm:Scheduler.nope:0"])
 def test_a_bad_mutant_id_is_one_line(bad):
     with pytest.raises((mt.MutantError, patching.FixNotApplicable)) as info:
-        mutants.patches(bad)
+        planting.patches(bad)
     assert "\n" not in str(info.value)
 
 
@@ -235,7 +234,7 @@ def test_mambafuzz_mutant_plants_a_generated_mutant_in_a_fresh_process(group):
     cls, fn = qual.split(".")
     owner = "HybridKVCacheCoordinator" if group == "coordinator" else cls
     code = ("import mambafuzz.sim.vllm_bridge, mambafuzz.checks.pipeline, mambafuzz.search.target_runtime\n"
-            "from mambafuzz.tools import mutation as mt\n"
+            "from mambafuzz.tools.mutation import operators as mt\n"
             f"from {module} import {owner}\n"
             f"mutant = mt.compile_mutant(mt.find({m.id!r}))\n"
             "same = lambda f: (f.__code__.co_code, f.__defaults__, f.__kwdefaults__)\n"
@@ -248,101 +247,3 @@ def test_mambafuzz_mutant_plants_a_generated_mutant_in_a_fresh_process(group):
                          env=dict(os.environ, MAMBAFUZZ_MUTANT=m.id))
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-2:] == ["False", "True"]
-
-
-def test_a_survivor_classified_on_another_source_is_stale():
-    """bench/mutation_run.py reuses a hand classification only for the source it was made on."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("mutation_run", ROOT / "bench" / "mutation_run.py")
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
-    classes = {"mm:X.f:1": {"digest": "abc", "class": "equivalent"}}
-    row = {"id": "mm:X.f:1", "status": "survived", "digest": "abc"}
-    assert run.classify(row, classes) == "equivalent"
-    assert run.classify({**row, "digest": "other"}, classes) == "stale"
-    assert run.classify({**row, "id": "mm:X.f:2"}, classes) == "unclassified"
-    assert run.classify({**row, "status": "killed"}, classes) == "killed"
-    on_disk = run.load_classes()
-    assert on_disk and all(c["class"] in ("equivalent", "efficiency", "unreachable", "missed") and c["why"]
-                           for c in on_disk.values())
-
-
-def test_the_fork_server_kills_a_crashing_mutant_and_keeps_its_parent_clean(tmp_path):
-    """bench/mutation_run.py --fork-server: each campaign is a child forked from one process that
-    imported vLLM once. A mutant that crashes at the first input is killed (attributed in a
-    second child), an equivalent one is not killed, and the parent, which forked both, still runs
-    vLLM's own split."""
-    split = "mm:Scheduler._mamba_block_aligned_split"
-    code = (
-        "import sys; sys.path.insert(0, 'bench')\n"
-        "import mutation_forkserver as fs, mutation_run as mr\n"
-        "from vllm.v1.core.sched.scheduler import Scheduler\n"
-        "before = Scheduler._mamba_block_aligned_split\n"
-        "fs.warm()\n"
-        f"rows = dict(fs.run(['{split}:2', '{split}:107'], max_time=2, minimize_budget=1, known=mr.KNOWN,\n"
-        "                    keep=None, parallel=2, hidden=lambda *a: None))\n"
-        "print(rows['" + split + ":2']['status'], rows['" + split + ":107']['status'],\n"
-        "      Scheduler._mamba_block_aligned_split is before)\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "MAMBAFUZZ_MUTANT"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    crashing, equivalent, parent_clean = out.stdout.split()[-3:]
-    # Unmodified vLLM 0.32 has findings within reach of a 2-second campaign since pools go down to its
-    # start-up minimum (corpus/untriaged): the equivalent mutant's campaign may stop on one, which its
-    # confirmation replay then refuses to count (unconfirmed). Either way it is not killed.
-    assert (crashing, parent_clean) == ("killed", "True")
-    assert equivalent in ("survived", "unconfirmed")
-
-
-def test_replaying_survivors_counts_the_cases_that_raise_with_the_mutant(monkeypatch, tmp_path):
-    """A case the unmutated vLLM runs but that raises with the mutant (a tool failure) is counted and
-    named in the evidence, never dropped silently: a dropped one hid a kill (schedule() returning None)."""
-    import importlib.util
-    import shutil
-
-    from mambafuzz.checks import pipeline
-
-    spec = importlib.util.spec_from_file_location("mutation_run", ROOT / "bench" / "mutation_run.py")
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
-    seeds = sorted((ROOT / "corpus" / "seeds").glob("*.json"))[:2]
-    for path in seeds:
-        shutil.copy(path, tmp_path / path.name)
-    real = pipeline.evaluate
-
-    def evaluate(scenario, split, **kwargs):
-        if kwargs.get("patches") == ["MUTANT"]:
-            raise RuntimeError("the harness met a state it cannot judge")
-        return real(scenario, split, **kwargs)
-
-    monkeypatch.setattr(pipeline, "evaluate", evaluate)
-    monkeypatch.setattr(mutants, "patches", lambda mutant_id: ["MUTANT"])
-    out = run.replay_survivors([{"id": "m:0", "status": "survived", "change": "x"}], [str(tmp_path)])
-    e = out["m:0"]
-    assert e["raised"] == 2 and e["cases"] == 0 and "cannot judge" in e["raised_first"]
-
-
-def test_a_rerun_of_survivors_supersedes_their_first_rows_in_the_combined_table(tmp_path):
-    """--table-from: a mutant's last row counts (a re-run on an unchanging checkout replaces a
-    survivor of a run whose checkout changed), other generators' and functions' rows are left out."""
-    import importlib.util
-    import json
-
-    spec = importlib.util.spec_from_file_location("mutation_run", ROOT / "bench" / "mutation_run.py")
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
-    row = {"generator": "random", "function": "F.f", "max_time": 15}
-    first, rerun = tmp_path / "first.jsonl", tmp_path / "rerun.jsonl"
-    first.write_text("".join(json.dumps(r) + "\n" for r in [
-        {**row, "id": "m:0", "status": "survived"}, {**row, "id": "m:1", "status": "killed"},
-        {**row, "id": "m:2", "status": "survived", "generator": "atheris"},
-        {**row, "id": "m:3", "status": "survived", "function": "G.g"}]))
-    rerun.write_text(json.dumps({**row, "id": "m:0", "status": "killed", "max_time": 10}) + "\n")
-    got = run.last_row_per_mutant([str(first), str(rerun)], "random", {"F.f"})
-    assert [(r["id"], r["status"], r["max_time"]) for r in got] == [("m:1", "killed", 15), ("m:0", "killed", 10)]
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"id": "m:0"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1: not a mutation_run row"):
-        run.last_row_per_mutant([str(bad)], "random", {"F.f"})

@@ -1,18 +1,19 @@
-"""Planted bugs for mutation testing: small, plausible mistakes in vLLM's scheduling and
-KV-cache functions, each a list of reversible patches of the installed vLLM (mambafuzz.sim.patching).
+"""Hand-planted bugs for mutation testing: small, plausible mistakes in vLLM's scheduling and
+KV-cache functions, each a list of reversible patches of the installed vLLM (mambafuzz.sim.patching),
+registered by name in `MUTANTS`.
 
-`MAMBAFUZZ_MUTANT=<name>` in the environment applies one (or a generated mutant,
-`mm:<Class.function>:<n>`, from mambafuzz.tools.mutation) in each process's start-up step
-(`mambafuzz.search.startup.prepare_process`), so the fuzzer's worker processes run against the mutant; `bench/mutation_score.py` measures
-which mutants the fuzzer kills from an empty corpus on `--split fixed`. `confirms_kill` is the
-honest part: a finding kills a mutant only if it fails with the mutant and is clean without.
+`MAMBAFUZZ_MUTANT=<name>` plants one (or a generated mutant, `mm:<Class.function>:<n>`, from
+`operators`) in each process's start-up step (`planting`, called by
+`mambafuzz.search.startup.prepare_process`), so the fuzzer's worker processes run against the
+mutant; `bench/mutation_score.py` measures which of these the fuzzer kills from an empty corpus
+on `--split fixed`, a kill counted only when `kills.confirms_kill` attributes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from mambafuzz.sim import patching, splits
+from mambafuzz.sim import splits
 from mambafuzz.sim.patching import SPLIT_TARGET, Patch, Rewrite, Wrap
 
 MUTANTS: dict[str, tuple[str, Callable[[], list[Patch]]]] = {}
@@ -328,43 +329,3 @@ def cow_copies_backwards() -> list[Patch]:
             return [(dst, src) for src, dst in original(self)]
         return backwards
     return [Wrap(f"{MAMBA}.take_pending_cow_copies", make)]
-
-
-def patches(name: str) -> list[Patch]:
-    """A planted bug's patches: a name in MUTANTS, or a generated mutant id (`mm:...`,
-    mambafuzz.tools.mutation)."""
-    if name.startswith("mm:"):
-        from mambafuzz.tools import mutation as mutation_tool
-
-        return list(mutation_tool.patches(name))
-    if name not in MUTANTS:
-        raise KeyError(f"unknown mutant {name!r}; known: {', '.join(MUTANTS)}")
-    return MUTANTS[name][1]()
-
-
-def apply(name: str) -> None:
-    """Plant `name` for the rest of this process."""
-    for p in patches(name):
-        patching.apply_one(p)
-
-
-def confirms_kill(scenario, split: str, name: str, signature: str | None = None) -> tuple[bool, str]:
-    """Does `scenario` show the planted bug `name`: it fails with the mutant (with `signature`
-    when given) and replays clean without it? Call in a process where no mutant is planted."""
-    from mambafuzz.checks.pipeline import evaluate
-    from mambafuzz.model.scenario import ScenarioError
-
-    try:
-        with_bug = evaluate(scenario, split, efficiency=False, patches=patches(name)).verdict
-        without = evaluate(scenario, split, efficiency=False).verdict
-    except ScenarioError as exc:
-        return False, f"rejected: {'; '.join(exc.problems)}"
-    except patching.FixNotApplicable as exc:
-        return False, f"mutant does not apply: {exc}"
-    if with_bug.clean:
-        return False, "clean with the mutant"
-    if signature is not None and with_bug.primary.signature != signature:
-        return False, f"fails with the mutant as {with_bug.primary.signature}, not {signature}"
-    if not without.clean:
-        return False, f"fails without the mutant too ({without.primary.signature}): not the planted bug"
-    return True, f"fails with the mutant ({with_bug.primary.signature}), clean without"

@@ -7,14 +7,14 @@ trampolines) and runs pytest; vLLM is an installed package and our "test suite" 
 campaign. So only its operator engine is used (docs/MUTATION.md says why mutmut, not cosmic-ray).
 
 A mutant id is `mm:<Class.function>:<n>`: the n-th mutation (mutmut's visit order) of that
-function's source. `mutants.patches(id)` accepts it, so `MAMBAFUZZ_MUTANT=mm:...` plants it in
-every fuzz worker when `mambafuzz.sim.vllm_bridge` is imported, before atheris instruments anything
+function's source. `planting.patches(id)` accepts it, so `MAMBAFUZZ_MUTANT=mm:...` plants it in
+every fuzz worker at its start-up step (`planting`), before atheris instruments anything
 (the compiled mutant keeps vLLM's module, file and line numbers, so it is instrumented too).
 Ids are stable for one installed source; `digest()` names that source so a stored result can
 be matched to it.
 
 Large functions (`Scheduler.schedule`, `KVCacheManager.allocate_slots`, the coordinator's shared
-methods) are mutated only where they concern align mode: `mamba_statements` keeps the mutations
+methods) are mutated only where they concern align mode: `statements` keeps the mutations
 its rule selects, and n counts the kept mutations in visit order (a function whose own or class
 name names align mode, such as the split and MambaManager, keeps every mutation).
 """
@@ -32,7 +32,7 @@ from functools import cache
 from typing import Any
 
 from mambafuzz.sim.patching import SOURCE_ATTR, FixNotApplicable, Wrap
-from mambafuzz.tools import mamba_statements
+from mambafuzz.tools.mutation import statements as mamba_statements  # (`statements` below is a function)
 
 PREFIX = "mm:"
 SCHED = "vllm.v1.core.sched.scheduler"
