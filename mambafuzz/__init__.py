@@ -9,7 +9,7 @@ below is the order; tests/test_layers.py holds every import to it, function-loca
   reports).
 - `mambafuzz.model`: the input model (scenarios, decoding fuzzer bytes, generation, step plans).
   Imports no vLLM.
-- `mambafuzz.sim`: the simulation. `sim.vllm_compat` is the one place vLLM is imported (with the
+- `mambafuzz.sim`: the simulation. `sim.bridge.vllm_compat` is the one place vLLM is imported (with the
   platform shims beside it); the bridge, the harness that drives vLLM's real scheduler, the cache
   audit, and the simulated model runner (runner bookkeeping, mixer kernels, kernel model, worker
   mirror) that stands in for the GPU.

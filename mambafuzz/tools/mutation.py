@@ -8,7 +8,7 @@ campaign. So only its operator engine is used (docs/MUTATION.md says why mutmut,
 
 A mutant id is `mm:<Class.function>:<n>`: the n-th mutation (mutmut's visit order) of that
 function's source. `mutants.patches(id)` accepts it, so `MAMBAFUZZ_MUTANT=mm:...` plants it in
-every fuzz worker when `mambafuzz.sim.vllm_bridge` is imported, before atheris instruments anything
+every fuzz worker when `mambafuzz.sim.bridge.scheduler_session` is imported, before atheris instruments anything
 (the compiled mutant keeps vLLM's module, file and line numbers, so it is instrumented too).
 Ids are stable for one installed source; `digest()` names that source so a stored result can
 be matched to it.
