@@ -52,7 +52,7 @@ def measure(kind: str, rounds: int, num_requests: int) -> dict:
     s = workload(num_requests)
     tokens = sum(s.prompt_len(i) + r.max_tokens for i, r in enumerate(s.requests))
     if kind == "scheduler":
-        from mambafuzz.sim import harness
+        from mambafuzz.sim.engine import harness
 
         def run() -> None:
             for _ in range(5):

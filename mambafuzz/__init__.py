@@ -9,10 +9,12 @@ below is the order; tests/test_layers.py holds every import to it, function-loca
   reports).
 - `mambafuzz.model`: the input model (scenarios, decoding fuzzer bytes, generation, step plans).
   Imports no vLLM.
-- `mambafuzz.sim`: the simulation. `sim.vllm_compat` is the one place vLLM is imported (with the
-  platform shims beside it); the bridge, the harness that drives vLLM's real scheduler, the cache
-  audit, and the simulated model runner (runner bookkeeping, mixer kernels, kernel model, worker
-  mirror) that stands in for the GPU.
+- `mambafuzz.sim`: the simulation, by job. `sim.bridge`: `sim.bridge.vllm_compat` is the one
+  place vLLM is imported (with the platform shims beside it), and the bridge (configs, the
+  scheduler session); `sim.engine`: the harness that drives vLLM's real scheduler through the
+  engine-core loop, the scripted connector, the splits, the cache audit; `sim.worker`: the
+  simulated model runner (runner bookkeeping, mixer kernels, kernel model, worker mirror) that
+  stands in for the GPU. `sim.state`, `sim.trace` and `sim.patching` are shared by all three.
 - `mambafuzz.store`: the database: corpus files, findings on disk (saved, fetched, listed; never
   judged), known bugs, reports.
 - `mambafuzz.checks`: the oracles over a trace, the evaluation pipeline and its `Judge`,

@@ -56,7 +56,7 @@ class Edge:
 
 
 def module_name(rel: Path) -> str:
-    """mambafuzz/sim/harness.py -> mambafuzz.sim.harness; a package's __init__ is the package."""
+    """mambafuzz/sim/engine/harness.py -> mambafuzz.sim.engine.harness; a package's __init__ is the package."""
     parts = list(rel.with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -64,7 +64,7 @@ def module_name(rel: Path) -> str:
 
 
 def layer_of(module: str) -> int:
-    """The index in LAYERS of `module` ("mambafuzz.sim.harness" -> the index of ("sim",))."""
+    """The index in LAYERS of `module` ("mambafuzz.sim.engine.harness" -> the index of ("sim",))."""
     parts = module.split(".")
     if len(parts) == 1:  # the package itself: the docstring and LAYERS
         return 0
@@ -85,7 +85,7 @@ def package_sources(pkg: Path = PKG) -> dict[str, tuple[str, str]]:
 
 
 def _resolve(name: str, modules: Iterable[str]) -> str | None:
-    """The deepest known module `name` names: `mambafuzz.sim.harness.evaluate` -> `mambafuzz.sim.harness`."""
+    """The deepest known module `name` names: `mambafuzz.sim.engine.harness.evaluate` -> `mambafuzz.sim.engine.harness`."""
     modules = set(modules)
     while name and name not in modules:
         name = name.rpartition(".")[0]
@@ -115,7 +115,7 @@ def _edges_under(node: ast.AST, module: str, path: str, modules: Mapping[str, ob
     names = [n for n in _imported_names(node, module, path.endswith("__init__.py")) if n.split(".")[0] == "mambafuzz"]
     targets = {_resolve(n, modules) for n in names} - {None, module}
     if isinstance(node, ast.ImportFrom) and len(targets) > 1:
-        # `from mambafuzz.sim import harness`: the submodule, not the package as well
+        # `from mambafuzz.sim.engine import harness`: the submodule, not the package as well
         targets.discard(_resolve(names[-1], modules))
     for target in sorted(targets):
         yield Edge(module, target, f"{path}:{node.lineno}", lazy)

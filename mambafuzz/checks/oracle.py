@@ -239,7 +239,7 @@ def check_reads(trace: Trace, uncached: Trace | None = None) -> Finding | None:
                                         after_reset=(rec.step, c.request_id) in trace.after_accepted_reset)
                 finding.mechanism = mechanism(trace, c.read_block, rec.step, c.request_id, rec.step - 1)
                 return finding
-    # The other mamba groups' kernel models (one per group, mambafuzz/sim/harness.py): the same rule per group.
+    # The other mamba groups' kernel models (one per group, mambafuzz/sim/engine/harness.py): the same rule per group.
     # Their writes are not in the trace, so no cause or mechanism is named.
     for step, group, c in trace.mamba_group_reads:
         finding = _read_finding(step, c, (c.request_id, c.start) in shared,

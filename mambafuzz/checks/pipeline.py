@@ -10,7 +10,8 @@ from pathlib import Path
 from mambafuzz.checks import oracle
 from mambafuzz.findings import Violation
 from mambafuzz.model.scenario import Scenario, ScenarioError, with_runner
-from mambafuzz.sim import harness, patching, splits
+from mambafuzz.sim import patching
+from mambafuzz.sim.engine import harness, splits
 from mambafuzz.sim.trace import Trace
 
 

@@ -48,7 +48,7 @@ def worker_code_of_other_releases_is_unsupported() -> Iterator[None]:
     try:
         yield
     except (AttributeError, TypeError) as exc:
-        from mambafuzz.sim.vllm_compat.about import vllm_version
+        from mambafuzz.sim.bridge.vllm_compat.about import vllm_version
 
         version = vllm_version()
         if version.startswith(CONFORM_RELEASES):
@@ -64,7 +64,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
     from mambafuzz.model.generate import RandomSource, draw_worker_rows, random_scenario
     from mambafuzz.model.scenario import ScenarioError, validate
     from mambafuzz.sim import patching
-    from mambafuzz.sim import vllm_bridge as vb
+    from mambafuzz.sim.bridge import configs
     from mambafuzz.store import corpus
 
     if args.random < 0:
@@ -98,7 +98,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
     for path in args.files:
         try:
             check(corpus.load_case(path).scenario, path)
-        except (corpus.CaseError, ScenarioError, vb.ConfigRejected) as exc:
+        except (corpus.CaseError, ScenarioError, configs.ConfigRejected) as exc:
             print(f"mambafuzz: {exc}", file=sys.stderr)
             bad += 1
         except SchedulerRaised as exc:
@@ -112,7 +112,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
             continue
         try:
             check(s, f"random(seed {args.seed}) #{checked}")
-        except (vb.ConfigRejected, SchedulerRaised):
+        except (configs.ConfigRejected, SchedulerRaised):
             continue
         if time.monotonic() - last >= 10:
             last = time.monotonic()

@@ -32,7 +32,7 @@ def add_engine_commands(sub: Any) -> None:
 
 def cmd_engine_repro(args: argparse.Namespace) -> int:
     from mambafuzz.model.scenario import ScenarioError
-    from mambafuzz.sim import splits
+    from mambafuzz.sim.engine import splits
     from mambafuzz.store import corpus
 
     try:

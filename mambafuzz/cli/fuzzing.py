@@ -159,8 +159,8 @@ def input_dirs(given: list[str], defaults: list[str], flag: str, consequence: st
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from mambafuzz.search.pr import GROUPS_FILE, check_where, group_findings
     from mambafuzz.search.supervisor import CampaignConfig, finding_meta, run_campaign
-    from mambafuzz.sim import splits
-    from mambafuzz.sim.vllm_compat.resolve import check_all
+    from mambafuzz.sim.bridge.vllm_compat.resolve import check_all
+    from mambafuzz.sim.engine import splits
     from mambafuzz.store import explanations
 
     # --target conform: Triton's CPU shim is on already (cli.main's start-up step), before check_all
@@ -310,7 +310,7 @@ def cmd_minimize(args: argparse.Namespace) -> int:
     from mambafuzz.checks.pipeline import evaluate, same_signature
     from mambafuzz.model.scenario import ScenarioError, with_runner
     from mambafuzz.search.minimizer import minimize
-    from mambafuzz.sim import splits
+    from mambafuzz.sim.engine import splits
     from mambafuzz.store import corpus
     from mambafuzz.store.corpus import atomic_write, case_json
 
@@ -351,7 +351,7 @@ def _confirm_engine(paths: list[Path], split: str | None) -> tuple[int, int]:
     A file that cannot be confirmed is named on stderr and left as it was."""
     from mambafuzz.engine_tier.confirmation import confirm_file
     from mambafuzz.model.scenario import ScenarioError
-    from mambafuzz.sim import splits
+    from mambafuzz.sim.engine import splits
     from mambafuzz.store.corpus import CaseError
 
     found = errors = 0
@@ -527,7 +527,7 @@ def _case_files(paths: list[str]) -> list[Path]:
 
 
 def cmd_corpus_confirm_engine(args: argparse.Namespace) -> int:
-    from mambafuzz.sim import splits
+    from mambafuzz.sim.engine import splits
     from mambafuzz.store import corpus
 
     if args.split is not None:

@@ -46,7 +46,7 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        from mambafuzz.sim.vllm_compat.about import version_line  # imports vLLM only when asked
+        from mambafuzz.sim.bridge.vllm_compat.about import version_line  # imports vLLM only when asked
 
         print(version_line())
         raise SystemExit(EXIT_CLEAN)
@@ -143,7 +143,7 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 def _split_or_usage(name: str):
-    from mambafuzz.sim import splits
+    from mambafuzz.sim.engine import splits
 
     try:
         splits.resolve(name)

@@ -3,7 +3,7 @@
 For every row the real scheduler schedules, mambafuzz/conform/drive.py asks vLLM's own worker
 bookkeeping (V1's InputBatch + preprocess_mamba + the metadata builders, V2's
 MambaHybridModelState, the fused copies under Triton's interpreter) what it does; this module
-asks the kernel model (mambafuzz/sim/kernel_model.py with mambafuzz/sim/runners.py and mambafuzz/sim/mixers.py) the same
+asks the kernel model (mambafuzz/sim/worker/kernel_model.py with mambafuzz/sim/worker/runners.py and mambafuzz/sim/worker/mixers.py) the same
 question for the same runner and mixer family, and compares: the block the kernel reads its
 initial state from (None: zeros), the blocks it writes, the pre-forward copies (source and
 destination: a copy from the wrong column lands where it should and is read from there), the
@@ -25,8 +25,8 @@ from mambafuzz.conform import drive as conform_drive
 from mambafuzz.conform.rows import StepInput
 from mambafuzz.model import runners as model_runners
 from mambafuzz.model.scenario import VOCAB_SIZE, EngineConfig, Scenario, ScenarioError, with_runner
-from mambafuzz.sim import vllm_bridge as vb
-from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
+from mambafuzz.sim.bridge import scheduler_session
+from mambafuzz.sim.worker.kernel_model import KernelGeometry, KernelModel
 
 MIXERS = ("gdn", "mamba2")
 Observer = Callable[[str, StepInput], object]
@@ -54,10 +54,10 @@ class Disagreement:
                 f"    mirror: {self.mirror}\n    vLLM:   {self.vllm}")
 
 
-class _Recording(vb.SchedulerSession):
+class _Recording(scheduler_session.SchedulerSession):
     """The driver's session, remembered so that the mirror gets the same geometry."""
 
-    last: vb.SchedulerSession | None = None
+    last: scheduler_session.SchedulerSession | None = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -75,7 +75,7 @@ def geometry(e: EngineConfig, hash_block_size: int, cache_hit_alignment_tokens: 
         num_speculative_tokens=e.num_speculative_tokens)
 
 
-def _session_geometry(e: EngineConfig, session: vb.SchedulerSession) -> KernelGeometry:
+def _session_geometry(e: EngineConfig, session: scheduler_session.SchedulerSession) -> KernelGeometry:
     return geometry(e, session.hash_block_size, session.cache_hit_alignment_tokens,
                     bool(getattr(session.scheduler, "use_eagle_block_drop", False)), session.null_block_id)
 
@@ -128,8 +128,8 @@ def compare(s: Scenario, runners: tuple[str, ...] | None = None, observe: Observ
             if own is not None:
                 yield from compare(own, (runner,), observe)
         return
-    original = conform_drive.vb.SchedulerSession
-    conform_drive.vb.SchedulerSession = _Recording
+    original = conform_drive.scheduler_session.SchedulerSession
+    conform_drive.scheduler_session.SchedulerSession = _Recording
     try:
         steps = conform_drive.drive(s, runners)
         first = next(steps, None)  # the session exists once the first step has run
@@ -137,7 +137,7 @@ def compare(s: Scenario, runners: tuple[str, ...] | None = None, observe: Observ
             g = _session_geometry(s.engine, _Recording.last)
             yield from compare_steps(s.engine, g, itertools.chain([first], steps), runners, observe)
     finally:
-        conform_drive.vb.SchedulerSession = original
+        conform_drive.scheduler_session.SchedulerSession = original
 
 
 def per_runner(s: Scenario, runners: Iterable[str]) -> list[tuple[str, Scenario | None]]:

@@ -21,11 +21,11 @@ from mambafuzz.conform.v2 import V2Worker
 from mambafuzz.model import runners as model_runners
 from mambafuzz.model.scenario import Scenario, ample_pool_blocks
 from mambafuzz.model.step_plan import StepPlan
-from mambafuzz.sim import vllm_bridge as vb
-from mambafuzz.sim.constant_worker import ConstantWorker
-from mambafuzz.sim.engine_core import BatchQueue
-from mambafuzz.sim.harness import vllm_frame
-from mambafuzz.sim.worker_tables import WorkerTables
+from mambafuzz.sim.bridge import scheduler_session
+from mambafuzz.sim.engine.engine_core import BatchQueue
+from mambafuzz.sim.engine.harness import vllm_frame
+from mambafuzz.sim.worker.constant_worker import ConstantWorker
+from mambafuzz.sim.worker.worker_tables import WorkerTables
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def worker_class(name: str) -> type:
     return model_runners.part_of(WORKERS, name, "conformance worker", "mambafuzz.conform.drive.WORKERS")
 
 
-def _worker_for(runner: str, session: vb.SchedulerSession, num_blocks: int, max_model_len: int):
+def _worker_for(runner: str, session: scheduler_session.SchedulerSession, num_blocks: int, max_model_len: int):
     sched = session.scheduler
     spec = sched.kv_cache_config.kv_cache_groups[session.mamba_group].kv_cache_spec
     manager = sched.kv_cache_manager.coordinator.single_type_managers[session.mamba_group]
@@ -61,14 +61,14 @@ def _worker_for(runner: str, session: vb.SchedulerSession, num_blocks: int, max_
 
 def drive(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[ConformStep]:
     """Run `s` through the real scheduler, under the engine core's loop for its scheduling mode
-    (mambafuzz.sim.engine_core.BatchQueue); yield one ConformStep per forward that ran rows or dropped requests, with the
+    (mambafuzz.sim.engine.engine_core.BatchQueue); yield one ConformStep per forward that ran rows or dropped requests, with the
     RowPlans of every runner in `runners` (None: every registered runner). Each row's table is the one
-    the worker keeps from SchedulerOutput (mambafuzz.sim.worker_tables). Under async scheduling each row starts
+    the worker keeps from SchedulerOutput (mambafuzz.sim.worker.worker_tables). Under async scheduling each row starts
     where the worker really is and its placeholder drafts are the worker's own proposals
-    (mambafuzz.sim.constant_worker), as in the harness."""
+    (mambafuzz.sim.worker.constant_worker), as in the harness."""
     engine = s.engine
     num_blocks = engine.num_gpu_blocks or ample_pool_blocks(s)
-    session = vb.SchedulerSession(engine, num_blocks, s.max_model_len(), None, s.uses_connector)
+    session = scheduler_session.SchedulerSession(engine, num_blocks, s.max_model_len(), None, s.uses_connector)
     workers = [_worker_for(r, session, num_blocks, s.max_model_len()) for r in runners or model_runners.names()]
     plan = StepPlan.of(s)
     prompts = s.static_prompts()
@@ -90,7 +90,7 @@ def drive(s: Scenario, runners: tuple[str, ...] | None = None) -> Iterator[Confo
         yield from ran
 
 
-def _run_step(step: int, session: vb.SchedulerSession, queue: BatchQueue, bare: ConstantWorker, told: WorkerTables,
+def _run_step(step: int, session: scheduler_session.SchedulerSession, queue: BatchQueue, bare: ConstantWorker, told: WorkerTables,
               workers: list) -> list[ConformStep]:
     """One engine-core step: schedule, every worker's view of each forward, the output fed back."""
     ran: list[ConformStep] = []

@@ -18,7 +18,7 @@ from mambafuzz.conform import row_classes
 from mambafuzz.exit_codes import ToolError, one_line
 from mambafuzz.findings import Violation
 from mambafuzz.model.scenario import Scenario, ScenarioError
-from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.sim.bridge import configs
 
 FIELDS = ("read", "writes", "precopy", "postcopy", "checkpoint")  # conform_check.Effect, in order
 
@@ -52,7 +52,7 @@ def first_disagreement(s: Scenario, runners: Sequence[str],
         for runner, classes in (reached.items() if coverage is not None else ()):
             coverage.add(runner, classes)
         return found
-    except vb.ConfigRejected as exc:
+    except configs.ConfigRejected as exc:
         raise ScenarioError([str(exc)]) from None
     except conform_drive.SchedulerRaised as exc:  # the scheduler target's input, not this tier's
         raise ScenarioError([str(exc)]) from None

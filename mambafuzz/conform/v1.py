@@ -1,6 +1,6 @@
 """vLLM's own V1 worker bookkeeping, called on CPU: what the worker really does for each row.
 
-The kernel model (mambafuzz/sim/kernel_model.py) is a hand-written mirror of vLLM's worker. This module is
+The kernel model (mambafuzz/sim/worker/kernel_model.py) is a hand-written mirror of vLLM's worker. This module is
 the other side of a conformance check: it feeds one scheduled step to vLLM 0.32.0's *real* worker
 functions and reports, per row, what they decided (`RowPlan`). Called, not mirrored:
 
@@ -29,7 +29,7 @@ Reconstructed (kept minimal, each names the vLLM code it stands for):
 Copies are observed, not derived: every block of a one-element int64 "temporal" state tensor holds
 its own id before a copy phase, so after it `state[dst] == src` names each copy the kernels made.
 Only the temporal (SSM) state is registered: conv-state copies use the same columns and bias.
-Triton kernels run in Triton's interpreter (mambafuzz/sim/vllm_compat/triton_cpu.py).
+Triton kernels run in Triton's interpreter (mambafuzz/sim/bridge/vllm_compat/triton_cpu.py).
 """
 
 from __future__ import annotations
@@ -38,15 +38,14 @@ import copy
 from collections.abc import Sequence
 from types import SimpleNamespace
 
-from mambafuzz.sim.vllm_compat import triton_cpu
+from mambafuzz.sim.bridge.vllm_compat import triton_cpu
 
 triton_cpu.require()  # the process's start-up step enabled it (mambafuzz.search.startup)
 
 import torch  # noqa: E402
 
 from mambafuzz.conform.rows import DECODE, PREFILL, SPEC_DECODE, RowInput, RowPlan, StepInput, Write  # noqa: E402
-from mambafuzz.sim.v1_input_batch import cached_request, greedy_sampling, new_input_batch  # noqa: E402
-from mambafuzz.sim.vllm_compat.api import (  # noqa: E402
+from mambafuzz.sim.bridge.vllm_compat.api import (  # noqa: E402
     CachedRequestState,
     CommonAttentionMetadata,
     CpuGpuBuffer,
@@ -60,9 +59,10 @@ from mambafuzz.sim.vllm_compat.api import (  # noqa: E402
     get_temporal_copy_spec,
     reorder_batch_to_split_decodes_and_prefills,
 )
-from mambafuzz.sim.vllm_compat.api import (  # noqa: E402
+from mambafuzz.sim.bridge.vllm_compat.api import (  # noqa: E402
     worker_mamba_utils as mamba_utils,
 )
+from mambafuzz.sim.worker.v1_input_batch import cached_request, greedy_sampling, new_input_batch  # noqa: E402
 
 VLLM_VERSION = "0.32.0"
 LAYER = "conform.mamba"  # the one mamba layer of the worker's single mamba group
@@ -305,7 +305,7 @@ class V1Worker:
         (a pre-copy goes to the running column, a post-copy to the aligned one, neither behind the
         state the row starts from). Columns before it hold blocks the worker's table still lists
         but vLLM's manager may have freed and handed to another request (it nulls them without a
-        message: mambafuzz/sim/worker_tables.py), so they must not claim that request's copies."""
+        message: mambafuzz/sim/worker/worker_tables.py), so they must not claim that request's copies."""
         bs = self.spec.block_size
         self.live_from = {r.req_id: max(0, (r.num_computed - 1) // bs) for r in step.rows}
 

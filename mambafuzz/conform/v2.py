@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 
-from mambafuzz.sim.vllm_compat import triton_cpu
+from mambafuzz.sim.bridge.vllm_compat import triton_cpu
 
 triton_cpu.require()  # enabled by the process's start-up step, before any vLLM kernel module is imported
 
@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 from mambafuzz.conform import v1 as v1  # noqa: E402
 from mambafuzz.conform.rows import RowInput, RowPlan, StepInput  # noqa: E402
-from mambafuzz.sim.vllm_compat.api import (  # noqa: E402
+from mambafuzz.sim.bridge.vllm_compat.api import (  # noqa: E402
     CUDAGraphMode,
     MambaHybridModelState,
     MambaSpec,

@@ -5,9 +5,9 @@ diffed against an uncached twin.  But the scheduler alone knows everything neede
 what each mamba block holds: which chunk ran (SchedulerOutput), into which block-table
 column the kernel writes its end state, which copies the worker applies, and which hash
 each newly cached block is published under.  This plugin replays those facts through
-`mambafuzz.sim.worker_mirror` (the step code the harness runs, over one kernel model per mamba group:
+`mambafuzz.sim.worker.worker_mirror` (the step code the harness runs, over one kernel model per mamba group:
 chunk-end writes, pre-copies, spec-token writes, post-copies, CoW copies, zeroing, internal
-checkpoints) and checks every newly hashed mamba block with `mambafuzz.sim.cache_audit` against the
+checkpoints) and checks every newly hashed mamba block with `mambafuzz.sim.engine.cache_audit` against the
 state its hash claims (the state after exactly the tokens of the request that defined it),
 judged by `mambafuzz.checks.oracle.slot_hash_poisoned`, the predicate of the harness's `slot_hash` finding.
 Importing this module imports neither vLLM nor those modules: they load on the first step.
@@ -123,9 +123,9 @@ class SchedulerAudit:
     every: int
     spec_engine: bool  # the worker post-processes every row after a spec-decode forward
     generation: int  # the install() it belongs to: a re-install starts every scheduler afresh
-    book: Any  # mambafuzz.sim.hash_book.HashBook: hash -> (request, claimed State), as in the harness
-    mirror: Any  # mambafuzz.sim.worker_mirror.WorkerMirror over `models`, in their order
-    auditors: dict[int, Any]  # mamba group id -> mambafuzz.sim.cache_audit.BlockAuditor
+    book: Any  # mambafuzz.sim.engine.hash_book.HashBook: hash -> (request, claimed State), as in the harness
+    mirror: Any  # mambafuzz.sim.worker.worker_mirror.WorkerMirror over `models`, in their order
+    auditors: dict[int, Any]  # mamba group id -> mambafuzz.sim.engine.cache_audit.BlockAuditor
     truths: dict[str, Any] = field(default_factory=dict)  # live request id -> PrefixStates
     pending: list[_Pending] = field(default_factory=list)
     in_flight: list[_Batch] = field(default_factory=list)  # scheduled, output not back yet, oldest first
@@ -159,7 +159,7 @@ def install() -> None:
     if _PATCHED:
         return
     _GENERATION += 1
-    from mambafuzz.sim.vllm_compat.api import BlockPool, KVCacheManager, Scheduler
+    from mambafuzz.sim.bridge.vllm_compat.api import BlockPool, KVCacheManager, Scheduler
 
     orig_schedule = Scheduler.schedule
     orig_update = Scheduler.update_from_output
@@ -268,8 +268,8 @@ def _audit_for(sched: Any) -> SchedulerAudit | None:
 def _new_audit(sched: Any) -> SchedulerAudit | None:
     from mambafuzz.model import runners
     from mambafuzz.model.scenario import VOCAB_SIZE
-    from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
-    from mambafuzz.sim.vllm_compat.api import MambaSpec
+    from mambafuzz.sim.bridge.vllm_compat.api import MambaSpec
+    from mambafuzz.sim.worker.kernel_model import KernelGeometry, KernelModel
 
     groups = {i: g.kv_cache_spec for i, g in enumerate(sched.kv_cache_config.kv_cache_groups)
               if isinstance(g.kv_cache_spec, MambaSpec) and getattr(g.kv_cache_spec, "mamba_cache_mode", "") == "align"}
@@ -292,9 +292,9 @@ def _new_audit(sched: Any) -> SchedulerAudit | None:
             num_speculative_tokens=num_spec), runner=runner, mixer="mamba2" if checkpoints else "gdn")
     every = max(int(os.environ.get(ENV_EVERY, "100") or 100), 1)
     maybe_counter(sched)
-    from mambafuzz.sim.cache_audit import BlockAuditor
-    from mambafuzz.sim.hash_book import HashBook
-    from mambafuzz.sim.worker_mirror import WorkerMirror
+    from mambafuzz.sim.engine.cache_audit import BlockAuditor
+    from mambafuzz.sim.engine.hash_book import HashBook
+    from mambafuzz.sim.worker.worker_mirror import WorkerMirror
 
     spec_engine = sched.vllm_config.speculative_config is not None
     book = HashBook(sched.hash_block_size, limit=BOOK_LIMIT)
@@ -330,7 +330,7 @@ def _tables(sched: Any, audit: SchedulerAudit, rid: str) -> list[list[int]]:
 
 def _truth(audit: SchedulerAudit, req: Any) -> Any:
     from mambafuzz.sim.state import PrefixStates
-    from mambafuzz.sim.worker_mirror import extend_truth
+    from mambafuzz.sim.worker.worker_mirror import extend_truth
 
     truth = audit.truths.get(req.request_id)
     if truth is None:
@@ -380,8 +380,8 @@ def _replay(sched: Any, audit: SchedulerAudit, out: Any, model_output: Any) -> N
     """The worker's side of the batch whose output is back, in the worker's order: before the
     forward, the rows (from where the worker starts them, on the tokens it ran), then the
     post-processing of a spec-decode engine."""
-    from mambafuzz.sim.engine_core import in_flight_corrections
-    from mambafuzz.sim.worker_mirror import accepted_count, extend_truth
+    from mambafuzz.sim.engine.engine_core import in_flight_corrections
+    from mambafuzz.sim.worker.worker_mirror import accepted_count, extend_truth
 
     at = next((i for i, b in enumerate(audit.in_flight) if b.out is out), None)
     if at is None:  # scheduled before the audit attached
@@ -467,7 +467,7 @@ def judge_blocks(sched: Any, audit: SchedulerAudit) -> None:
     time of the publication), each key once: those still cached, and those an engine step ended
     with (dropped since, while their writers were in flight), as they were then."""
     from mambafuzz.checks.oracle import holds_other_state, slot_hash_poisoned
-    from mambafuzz.sim.vllm_compat.api import get_block_hash, get_group_id
+    from mambafuzz.sim.bridge.vllm_compat.api import get_block_hash, get_group_id
 
     ready = audit.replayed
     pending = [p for p in audit.pending if p.after <= ready]

@@ -124,7 +124,7 @@ def confirm_file(path: str | Path, split: str | None = None, confirm: ConfirmFn 
     """Confirm the case at `path` on the engine tier and record the result(s) in it.
 
     Raises mambafuzz.store.corpus.CaseError (bad file), mambafuzz.model.scenario.ScenarioError or
-    mambafuzz.sim.splits.SplitError (from confirm); the file is untouched then."""
+    mambafuzz.sim.engine.splits.SplitError (from confirm); the file is untouched then."""
     path = Path(path)
     raw, scenario = _read(path)
     confirm = confirm or _default_confirm

@@ -57,7 +57,7 @@ class Replay:
 def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> Replay:
     """Drive `s` step by step through `handle`'s engine: arrivals and aborts at their steps,
     one engine.step() per step, until every request finished (or the liveness bound)."""
-    from mambafuzz.sim.vllm_compat.api import SamplingParams
+    from mambafuzz.sim.bridge.vllm_compat.api import SamplingParams
 
     out = Replay()
     plan = StepPlan.of(s)
@@ -91,7 +91,7 @@ def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> R
             out.schedule.append({_external(k): v for k, v in log[-1].items()} if len(log) > before else {})
             step += 1
     except Exception as exc:  # vLLM raised while serving: the engine is no longer trustworthy
-        from mambafuzz.sim.harness import vllm_frame
+        from mambafuzz.sim.engine.harness import vllm_frame
 
         out.crash = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]} at {vllm_frame(exc)} (step {step})"
     out.steps = step
@@ -175,7 +175,7 @@ def _near_tie(cached: Replay, uncached: Replay, rid: str, i: int) -> bool:
 
 def harness_schedule(s: Scenario, split_fn: Any, split_name: str) -> tuple[list[dict[str, int]] | None, str | None]:
     """What the harness scheduled per step for `s` (prefix caching on), or (None, why not)."""
-    from mambafuzz.sim import harness
+    from mambafuzz.sim.engine import harness
 
     trace = harness.run(s, split_fn, split_name)
     if trace.crash is not None:
@@ -214,8 +214,8 @@ def confirm(scenario: Scenario, split: str | Callable[..., int] = "fixed") -> di
 
     Returns {"status": "diverged"|"agreed"|"skipped"|"crashed", "reason", "schedule_match",
     "kind" (finding kind or None), "schedule_diff", "adapted", timings...}.  Raises
-    mambafuzz.sim.splits.SplitError for an unknown split name."""
-    from mambafuzz.sim import splits
+    mambafuzz.sim.engine.splits.SplitError for an unknown split name."""
+    from mambafuzz.sim.engine import splits
 
     if callable(split):
         split_fn, split = split, getattr(split, "__name__", "custom")
@@ -271,7 +271,7 @@ def confirm(scenario: Scenario, split: str | Callable[..., int] = "fixed") -> di
 
 def _harness_uncached_fails(s: Scenario, split_fn: Any, split: str) -> bool:
     """Whether the harness's prefix-caching-off run of `s` crashes or stalls (a `nocache-` finding)."""
-    from mambafuzz.sim import harness
+    from mambafuzz.sim.engine import harness
 
     trace = harness.run(s, split_fn, split, prefix_caching=False)
     return trace.crash is not None or bool(trace.unfinished)

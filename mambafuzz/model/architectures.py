@@ -1,9 +1,9 @@
 """The hybrid architectures a scenario's `engine.model` names, registered once.
 
 Each entry is the layer layout of a full-size published model, the vLLM class that serves it,
-its mixer family (mambafuzz/sim/mixers.py) and the config fields vLLM's own state-shape
+its mixer family (mambafuzz/sim/worker/mixers.py) and the config fields vLLM's own state-shape
 function reads. The vLLM-facing KV-cache specs are built from these in
-mambafuzz/sim/architectures.py. Imports nothing from vLLM: validation and `--help` read it.
+mambafuzz/sim/bridge/architectures.py. Imports nothing from vLLM: validation and `--help` read it.
 
 The layouts and numbers below are written from the published Hugging Face configs as remembered
 (field names given per entry), not downloaded; the layer COUNTS are what decides vLLM's grouping.
@@ -53,7 +53,7 @@ class Architecture:
     # layers): declared for the pool sizing at the model layer, checked against vLLM by tests/sim/test_architecture_specs.py
     mamba_groups: int = 0
     # the block size vLLM 0.32 runs it with in align mode without spec decode (Platform._align_hybrid_block_size
-    # for its real state; mambafuzz/sim/architectures.py `align_block_size`, checked by the same tests); 0: not known
+    # for its real state; mambafuzz/sim/bridge/architectures.py `align_block_size`, checked by the same tests); 0: not known
     vllm_block_size: int = 0
     sliding_window: int | None = None
 

@@ -232,7 +232,7 @@ CONNECTOR_KNOBS = ("connector_save", "connector_send_steps", "connector_load_sou
 
 
 def _draw_connector(src: Source, scenario: Scenario) -> None:
-    """How the KV connector behaves (mambafuzz/sim/connector.py: saves, loads of saved states,
+    """How the KV connector behaves (mambafuzz/sim/engine/connector.py: saves, loads of saved states,
     multi-step and failing async loads, divergent hybrid hits), in half of the scenarios whose
     requests claim connector tokens; their defaults (a connector that only loads the truth within a
     step) stay in the rest. Steps are kept short (0-3) so the saves and loads land inside a run."""

@@ -4,7 +4,7 @@ A scenario's `engine.runner`, every `--runner` option, a corpus file's `split@ru
 bridge (which flag vLLM's Scheduler is told), the audit plugin (which runner a live engine runs)
 and the reports all read this registry; an unknown name is a one-line `UnknownRunner`, never
 taken for V1.  What a runner does lives with the layer that needs it, each keyed by the name
-registered here: its row facts in the kernel model (`RULES` in mambafuzz/sim/runners.py) and the
+registered here: its row facts in the kernel model (`RULES` in mambafuzz/sim/worker/runners.py) and the
 driver of vLLM's own worker code (`WORKERS` in mambafuzz/conform/drive.py); tests/search/test_registries.py
 fails when a name here lacks either.  Imports nothing: validation and `--help` read it.
 """

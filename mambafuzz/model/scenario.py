@@ -58,7 +58,7 @@ class Knob:
     """What the rest of the tool needs to know about one engine-config field, declared once.
 
     Validation (`validate`), the generator (`mambafuzz.model.generate`, for knobs it has no hand-made
-    distribution for), the minimizer's passes, the config cache key (`mambafuzz.sim.vllm_bridge`) and
+    distribution for), the minimizer's passes, the config cache key (`mambafuzz.sim.bridge.configs`) and
     the prefix-caching-off twin (`EngineConfig.without_prefix_caching`) are all derived from it,
     so adding a knob is one field here plus tests."""
 
@@ -117,13 +117,13 @@ class EngineConfig:
     prefix_cache_retention_interval: int | None = knob(0, kind="int", lo=0, hi=1 << 20, optional=True, simplest=0,
                                                         length=True)
     enable_prefix_caching: bool = knob(True, kind="bool", simplest=True, uncached=False, generate=False)
-    # a registered runner (mambafuzz.model.runners); None: what vLLM picks on a CUDA host (vllm_bridge.default_runner).  Not drawn:
+    # a registered runner (mambafuzz.model.runners); None: what vLLM picks on a CUDA host (configs.default_runner).  Not drawn:
     # the campaign's --runner (or vLLM's default) decides it.
     runner: str | None = knob(None, kind="choice", choices=RUNNERS, optional=True, simplest=None, build_key=False,
                               generate=False)
     # The scheduler class and how the engine core drives it. True: vLLM's AsyncScheduler with a batch
     # queue (EngineCore.step_with_batch_queue); False: Scheduler, one batch at a time (EngineCore.step);
-    # None: what vLLM picks for this config on a CUDA host (vllm_bridge.default_async_scheduling), async
+    # None: what vLLM picks for this config on a CUDA host (configs.default_async_scheduling), async
     # in 0.32 for every config here. The minimizer moves it to vLLM's default: a case that still fails
     # there is one every default deployment can hit.
     async_scheduling: bool | None = knob(None, kind="bool", optional=True, simplest=None)
@@ -134,7 +134,7 @@ class EngineConfig:
     # under a batch queue is not modelled. Drawn by mambafuzz.model.generate after the scheduling mode.
     pipeline_parallel_size: int = knob(1, kind="int", lo=1, hi=4, simplest=1, generate=False)
     # The hybrid architecture whose KV-cache groups the engine is built with (mambafuzz/model/architectures.py;
-    # specs in mambafuzz/sim/architectures.py). The default is the tiny qwen3_next every scenario ran before
+    # specs in mambafuzz/sim/bridge/architectures.py). The default is the tiny qwen3_next every scenario ran before
     # the knob; it is left out of a scenario file's JSON, so old files round-trip unchanged. Drawn last
     # by the generator (draw_scenario), moved to the default by the minimizer.
     model: str = knob(DEFAULT_MODEL, kind="choice", choices=MODELS, simplest=DEFAULT_MODEL, generate=False)
@@ -154,7 +154,7 @@ class EngineConfig:
     # worker read this field; mamba blocks keep `mamba_block_size`. Left out of the JSON when False;
     # drawn by the conform target's pass (mambafuzz.model.generate.draw_worker_rows).
     block_size_from_groups: bool = knob(False, kind="bool", simplest=False, generate=False)
-    # The scenario's KV connector (mambafuzz/sim/connector.py), playing the scheduler side of a
+    # The scenario's KV connector (mambafuzz/sim/engine/connector.py), playing the scheduler side of a
     # saving and loading connector (LMCache, NIXL). Off, it only loads, the true state, within one
     # step: what every file before these knobs ran. None is drawn by the generic generator (a draw
     # would change every generated input's stream); they are not part of the VllmConfig.
@@ -616,7 +616,7 @@ def startup_pool_blocks(e: EngineConfig, max_model_len: int) -> int:
     every token; each mamba group's resident blocks: 2 + speculative + checkpoint in align mode, 1 +
     speculative with prefix caching off), plus the null block the pool holds back. The engine charges
     each group whole blocks, padding included, so this is vLLM's own figure
-    (mambafuzz.sim.vllm_bridge.startup_min_blocks computes it with vLLM's specs;
+    (mambafuzz.sim.bridge.configs.startup_min_blocks computes it with vLLM's specs;
     tests/sim/test_pool_floor.py holds the two equal)."""
     spec = e.num_speculative_tokens if e.uses_spec_decode else 0
     per_group = 2 + spec + e.num_prefill_checkpoint_blocks if e.enable_prefix_caching else 1 + spec

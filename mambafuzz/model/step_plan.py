@@ -80,7 +80,7 @@ class StepPlan:
         return BOUND if step >= self.bound else None
 
     def feed(self, step: int, session: Any, prompts: list[list[int] | None]) -> None:
-        """Add `step`'s arrivals to a scheduler session (mambafuzz.sim.vllm_bridge.SchedulerSession) and
+        """Add `step`'s arrivals to a scheduler session (mambafuzz.sim.bridge.scheduler_session.SchedulerSession) and
         abort its due requests that are still running: the whole of it for a loop that keeps no
         state of its own per request (the speed bench, the conformance driver). `prompts` are
         `Scenario.static_prompts()`; a continuation's prompt is built here from the tokens the

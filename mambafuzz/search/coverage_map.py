@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 from mambafuzz.model.scenario import Scenario, ScenarioError
-from mambafuzz.sim.harness import run
-from mambafuzz.sim.splits import resolve
-from mambafuzz.sim.vllm_compat.api import vllm_package as vllm
+from mambafuzz.sim.bridge.vllm_compat.api import vllm_package as vllm
+from mambafuzz.sim.engine.harness import run
+from mambafuzz.sim.engine.splits import resolve
 
 VLLM_ROOT = Path(vllm.__file__).parent
 TARGET_GLOBS = [str(VLLM_ROOT / "v1" / "core" / "*"), str(VLLM_ROOT / "v1" / "core" / "sched" / "*"),

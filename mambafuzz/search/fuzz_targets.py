@@ -20,12 +20,12 @@ from typing import Any
 # The system under test (vLLM's scheduler, KV-cache manager and coordinator, the checkpoint
 # rules), our restated pre-fix splits (they stand in for vLLM's split under --split prefix),
 # and the input decoders (new decoded shapes are worth keeping).
-COVERAGE_MODULES = ("vllm.v1.core", "vllm.v1.kv_cache_interface", "mambafuzz.sim.splits", "mambafuzz.model.generate")
+COVERAGE_MODULES = ("vllm.v1.core", "vllm.v1.kv_cache_interface", "mambafuzz.sim.engine.splits", "mambafuzz.model.generate")
 # The conform target is also rewarded for new paths through the two sides it compares: the
 # kernel model with its runner and mixer rules, and the conformance tier that calls vLLM's
 # worker code (not vLLM's worker modules themselves: their Triton kernels run in Triton's
 # interpreter, which must see them as written).
-CONFORM_MODULES = ("mambafuzz.sim.kernel_model", "mambafuzz.sim.runners", "mambafuzz.sim.mixers",
+CONFORM_MODULES = ("mambafuzz.sim.worker.kernel_model", "mambafuzz.sim.worker.runners", "mambafuzz.sim.worker.mixers",
                    "mambafuzz.conform.compare", "mambafuzz.conform.drive", "mambafuzz.conform.rows",
                    "mambafuzz.conform.v1", "mambafuzz.conform.v2", "mambafuzz.conform.target")
 

@@ -2,7 +2,7 @@
 Triton it uses) for the rest of its life, done when its entry point asks, never on import.
 
 `prepare_process` does, in this order:
-1. Triton's CPU shim (mambafuzz.sim.vllm_compat.triton_cpu) when the process runs the
+1. Triton's CPU shim (mambafuzz.sim.bridge.vllm_compat.triton_cpu) when the process runs the
    conformance tier: it must come before any vLLM kernel module is imported, and a `--patch`
    may name a conformance module;
 2. the planted bug `MAMBAFUZZ_MUTANT` names (mutation testing: mambafuzz.tools.mutation.planting);
@@ -33,7 +33,7 @@ def prepare_process(patches: Sequence[str] = (), known_fix_dirs: Sequence[str] =
     default the environment's MAMBAFUZZ_MUTANT (unset or empty: none). Triton's shim and the
     planted bug are applied once per process; `patches` and `known_fix_dirs` on every call."""
     if conform:
-        from mambafuzz.sim.vllm_compat import triton_cpu
+        from mambafuzz.sim.bridge.vllm_compat import triton_cpu
 
         triton_cpu.enable()  # idempotent
     name = os.environ.get(MUTANT_ENV) if mutant is None else mutant

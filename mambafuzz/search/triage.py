@@ -30,7 +30,7 @@ from mambafuzz.checks.pipeline import Judge, oracle_judge
 from mambafuzz.findings import Violation
 from mambafuzz.model.scenario import Scenario, engine_realism_notes
 from mambafuzz.search.minimizer import MinimizeResult, minimize
-from mambafuzz.sim.vllm_compat.about import vllm_version
+from mambafuzz.sim.bridge.vllm_compat.about import vllm_version
 from mambafuzz.store.finding_store import FiledSignatures
 
 REPRO_RUNS = 3

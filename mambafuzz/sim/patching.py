@@ -8,7 +8,7 @@ a vLLM upgrade then says which fix stopped applying instead of silently testing 
 
 `Scheduler._mamba_block_aligned_split` is special: a `--split` candidate is bound on the
 scheduler instance and bypasses the class attribute, so wraps of that target are also kept
-in a stack that `vllm_bridge.SchedulerSession` applies around the candidate.
+in a stack that `scheduler_session.SchedulerSession` applies around the candidate.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ class Trace:
     # (step, mamba group position >= 1, its chunk) for each row a mamba group other than the first started
     # from a wrong state (the first group's rows are the steps' chunks); not part of the trace digest
     mamba_group_reads: list[tuple[int, int, Chunk]] = field(default_factory=list)
-    model: str = ""  # engine.model and vLLM's KV-cache groups for it (mambafuzz.sim.architectures.describe)
+    model: str = ""  # engine.model and vLLM's KV-cache groups for it (mambafuzz.sim.bridge.architectures.describe)
     spec_rows: set[tuple[int, str]] = field(default_factory=set)  # (step, request) run on the spec kernel
     # (step, request) of the first row after V1 reset the request's accepted-token count
     after_accepted_reset: set[tuple[int, str]] = field(default_factory=set)

@@ -6,7 +6,7 @@ pass, so a new finding can be checked against the fix instead of matched by sign
   swapping in the installed split (`fixed`), and they are bugs of a split only when their
   `expected` table says that split fails.
 
-Kept free of the pipeline so `vllm_bridge` can apply fixes while it is still importing.
+Kept free of the pipeline so the bridge (`mambafuzz.sim.bridge`) can apply fixes while it is still importing.
 """
 
 from __future__ import annotations

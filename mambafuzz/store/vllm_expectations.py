@@ -38,7 +38,7 @@ def problems(value: object, known_kinds: tuple[str, ...]) -> list[str]:
 
 @cache
 def _installed() -> str:
-    from mambafuzz.sim.vllm_compat.about import vllm_version  # imports vLLM: only when a case needs it
+    from mambafuzz.sim.bridge.vllm_compat.about import vllm_version  # imports vLLM: only when a case needs it
 
     return vllm_version()
 

@@ -12,6 +12,6 @@ from __future__ import annotations
 
 
 def pytest_configure(config) -> None:  # noqa: ARG001 (pytest's hook signature)
-    from mambafuzz.sim.vllm_compat.platform_gate import pass_cpu_gate_on_refusal
+    from mambafuzz.sim.bridge.vllm_compat.platform_gate import pass_cpu_gate_on_refusal
 
     pass_cpu_gate_on_refusal()

@@ -73,7 +73,7 @@ MAMBA_GROUPS = 3  # mamba KV-cache groups in a --style vllm test: the harness's 
 def _row_index() -> str:
     """ModelRunnerOutput's `req_id_to_index` argument as the exported tests pass it, only where the
     vLLM the export runs against still has the field (0.34 removed it): a test matches its vLLM."""
-    from mambafuzz.sim.vllm_bridge import ROW_INDEX_FIELD
+    from mambafuzz.sim.bridge.configs import ROW_INDEX_FIELD
 
     return "req_id_to_index={r: i for i, r in enumerate(ids)}, " if ROW_INDEX_FIELD else ""
 
@@ -459,7 +459,7 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
         reproducer, style = vllm_test_source(case, title), "vllm"
     except ExportError:
         reproducer, style = test_source(case, title), "standalone"
-    from mambafuzz.sim.vllm_compat.about import vllm_version  # the version a finding records
+    from mambafuzz.sim.bridge.vllm_compat.about import vllm_version  # the version a finding records
 
     # What a maintainer sees on one screen: vLLM's bug template (environment, the bug), the short test,
     # expected against actual. The evidence (tracker search, mechanism, fix, cost) follows collapsed.

@@ -8,8 +8,8 @@ from mambafuzz.checks import resources
 from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.model.scenario import from_json
 from mambafuzz.sim import patching
+from mambafuzz.sim.bridge.vllm_compat.api import get_mamba_prefill_checkpoint_position
 from mambafuzz.sim.trace import Admission, Chunk, StepRecord, Trace
-from mambafuzz.sim.vllm_compat.api import get_mamba_prefill_checkpoint_position
 from mambafuzz.tools.mutation import planting
 
 
@@ -94,7 +94,7 @@ def test_lru_evictions_are_counted_as_the_pool_makes_them(monkeypatch):
     and none on a pool large enough to evict nothing."""
     from vllm.v1.core.block_pool import BlockPool
 
-    from mambafuzz.sim import harness
+    from mambafuzz.sim.engine import harness
 
     reported = []
     real = BlockPool._maybe_evict_cached_block
@@ -117,7 +117,7 @@ def test_a_count_fault_on_a_step_that_keeps_the_free_count_is_seen_by_the_next_w
     """The pool is walked after each step that moved its free count and every 8th step
     (harness._pool_facts). A negative count planted on a free block during a decode, which moves no
     block in or out of the free queue, is reported from the next walk, at most 7 steps later."""
-    from mambafuzz.sim import vllm_bridge as vb
+    from mambafuzz.sim.bridge import scheduler_session
 
     s = scenario({"mamba_block_size": 32, "attn_block_size": 32, "max_num_batched_tokens": 64,
                   "num_gpu_blocks": 64}, [{"unique_len": 40, "max_tokens": 24}])
@@ -125,7 +125,7 @@ def test_a_count_fault_on_a_step_that_keeps_the_free_count_is_seen_by_the_next_w
     assert clean.verdict.clean and len(clean.trace.pool) < len(clean.trace.steps)  # some steps are not walked
     planted_at = 10
     assert planted_at % 8 and planted_at not in {p[0] for p in clean.trace.pool}
-    real = vb.SchedulerSession.feed
+    real = scheduler_session.SchedulerSession.feed
     fed = []
 
     def feed(self, *args, **kwargs):
@@ -135,7 +135,7 @@ def test_a_count_fault_on_a_step_that_keeps_the_free_count_is_seen_by_the_next_w
             self.block_pool.blocks[-1].ref_cnt = -1  # free, at the free queue's end: never handed out here
         return out
 
-    monkeypatch.setattr(vb.SchedulerSession, "feed", feed)
+    monkeypatch.setattr(scheduler_session.SchedulerSession, "feed", feed)
     verdict = evaluate(s, "fixed", efficiency=False, differential=False).verdict
     finding = next(f for f in verdict.findings if f.kind == "pool_accounting")
     assert finding.location == "negative-ref-count" and planted_at <= finding.step <= planted_at + 7, finding
@@ -162,18 +162,18 @@ def test_the_pool_walk_counts_holders_in_tables_and_deferred_frees():
     block whose reference count is not its table entries plus its deferred frees."""
     from types import SimpleNamespace
 
-    from mambafuzz.sim import vllm_bridge as vb
+    from mambafuzz.sim.bridge import scheduler_session
 
     blocks = [SimpleNamespace(block_id=i, ref_cnt=r) for i, r in enumerate([7, 1, 2, 0])]  # block 0: the null block
     pool = SimpleNamespace(blocks=blocks, get_num_free_blocks=lambda: 1)
     session = SimpleNamespace(block_pool=pool, null_block_id=0,
                               _managers=[SimpleNamespace(req_to_blocks={"a": [blocks[1], blocks[2]]})],
                               scheduler=SimpleNamespace(deferred_frees=[(3, [blocks[2]])]))
-    assert vb.SchedulerSession.walk_pool(session) == ((1, 1, 0), None)
+    assert scheduler_session.SchedulerSession.walk_pool(session) == ((1, 1, 0), None)
     blocks[3].ref_cnt = 1
-    assert vb.SchedulerSession.walk_pool(session) == ((1, 0, 0), (3, 1, 0, 0))
+    assert scheduler_session.SchedulerSession.walk_pool(session) == ((1, 0, 0), (3, 1, 0, 0))
     blocks[3].ref_cnt, blocks[2].ref_cnt = -1, 1
-    assert vb.SchedulerSession.walk_pool(session) == ((1, 0, 1), (2, 1, 1, 1))
+    assert scheduler_session.SchedulerSession.walk_pool(session) == ((1, 0, 1), (2, 1, 1, 1))
 
 
 def test_an_allocation_past_its_estimate_is_found():

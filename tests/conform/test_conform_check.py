@@ -7,7 +7,7 @@ import pytest
 
 from mambafuzz.conform import compare as conform_check
 from mambafuzz.model import runners as model_runners
-from mambafuzz.sim.kernel_model import KernelModel
+from mambafuzz.sim.worker.kernel_model import KernelModel
 from mambafuzz.store.corpus import load_case
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "corpus" / "upstream"
@@ -41,10 +41,10 @@ def test_the_conform_command_exit_codes(monkeypatch, capsys):
     assert main(["conform", str(V1_SKIP), "--runner", "v1"]) == 1
     assert "DISAGREE" in capsys.readouterr().out
     assert main(["conform"]) == 2
-    from mambafuzz.sim import vllm_bridge as vb
+    from mambafuzz.sim.bridge import configs
 
     def rejected(*args, **kwargs):
-        raise vb.ConfigRejected("simulated: every generated config refused")
+        raise configs.ConfigRejected("simulated: every generated config refused")
 
     monkeypatch.setattr(conform_check, "compare", rejected)
     assert main(["conform", "--random", "0.5"]) == 3  # ran, but checked nothing: never a pass
@@ -100,13 +100,13 @@ def row_kind_disagreements(runner: str, k: int, history) -> list:
     from mambafuzz.conform.v1 import V1Worker
     from mambafuzz.conform.v2 import V2Worker
     from mambafuzz.model.scenario import EngineConfig
-    from mambafuzz.sim import vllm_bridge as vb
+    from mambafuzz.sim.bridge import configs
 
     spec = dict(spec_method="mtp", num_speculative_tokens=k) if k else {}
     e = EngineConfig(mamba_block_size=MAMBA_BLOCK_SIZE, attn_block_size=MAMBA_BLOCK_SIZE,
                      max_num_batched_tokens=512, **spec)
-    group_spec = vb.kv_cache_config_for(e, 64, 4096).kv_cache_groups[1].kv_cache_spec
-    worker = (V1Worker if runner == "v1" else V2Worker)(vb.vllm_config_for(e, 1024), group_spec, 64,
+    group_spec = configs.kv_cache_config_for(e, 64, 4096).kv_cache_groups[1].kv_cache_spec
+    worker = (V1Worker if runner == "v1" else V2Worker)(configs.vllm_config_for(e, 1024), group_spec, 64,
                                                          MAMBA_BLOCK_SIZE, MAMBA_BLOCK_SIZE, 1024)
     steps = []
     for step, (computed, scheduled, drafts, prompt, sampled) in enumerate(history):
@@ -130,7 +130,7 @@ def test_the_mirror_agrees_with_vllms_worker_on_each_row_kind(kind, runner, k):
 def test_a_mixer_rule_broken_on_a_row_kind_is_caught(monkeypatch):
     """GDN's builder takes every row with drafts down the spec path (gdn_attn.py:292); a mirror
     that sends it down the prefill path reads and writes the wrong columns."""
-    from mambafuzz.sim import mixers
+    from mambafuzz.sim.worker import mixers
 
     monkeypatch.setattr(mixers.GDN, "path", staticmethod(lambda *args, **kwargs: mixers.PREFILL))
     found = row_kind_disagreements("v1", 1, ROW_KINDS["decode with a draft after 2 accepted tokens"])
@@ -144,7 +144,7 @@ def test_worker_code_of_another_release_is_a_one_line_unsupported_vllm(monkeypat
 
     from mambafuzz.cli import conformance
     from mambafuzz.exit_codes import ToolError
-    from mambafuzz.sim.vllm_compat import about
+    from mambafuzz.sim.bridge.vllm_compat import about
 
     def missing_api():
         with conformance.worker_code_of_other_releases_is_unsupported():

@@ -11,7 +11,7 @@ import pytest
 
 from mambafuzz.cli.main import main
 from mambafuzz.conform import target as conform_target
-from mambafuzz.sim.kernel_model import KernelModel
+from mambafuzz.sim.worker.kernel_model import KernelModel
 from mambafuzz.store.corpus import load_case
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,18 +30,18 @@ def _no_precopy(run_row):
     return run_row_without_precopy
 
 
-PATCHES = [Wrap("mambafuzz.sim.kernel_model:KernelModel.run_row", _no_precopy)]
+PATCHES = [Wrap("mambafuzz.sim.worker.kernel_model:KernelModel.run_row", _no_precopy)]
 '''
 
 # Every input refused as vLLM refuses a config: the campaign executes nothing.
 REFUSE_ALL = '''
-from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.sim.bridge import configs
 from mambafuzz.sim.patching import Wrap
 
 
 def _refuse(compare):
     def refuse(*args, **kwargs):
-        raise vb.ConfigRejected("planted: every config refused")
+        raise configs.ConfigRejected("planted: every config refused")
     return refuse
 
 

@@ -13,7 +13,7 @@ from mambafuzz.conform.rows import DECODE, PREFILL, SPEC_DECODE, RowInput, RowPl
 from mambafuzz.conform.v1 import V1Worker
 from mambafuzz.conform.v2 import V2Worker
 from mambafuzz.model.scenario import EngineConfig
-from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.sim.bridge import configs
 
 MAMBA_BLOCK_SIZE = 64
 NUM_BLOCKS = 64
@@ -27,8 +27,8 @@ RUNNERS = ("v1", "v2")
 def make_worker(runner: str = "v1", temporal_tiles: int | None = 1, **engine) -> V1Worker | V2Worker:
     e = EngineConfig(mamba_block_size=MAMBA_BLOCK_SIZE, attn_block_size=MAMBA_BLOCK_SIZE,
                      max_num_batched_tokens=512, **engine)
-    vc = vb.vllm_config_for(e, 1024)
-    spec = vb.kv_cache_config_for(e, NUM_BLOCKS, 4096).kv_cache_groups[1].kv_cache_spec
+    vc = configs.vllm_config_for(e, 1024)
+    spec = configs.kv_cache_config_for(e, NUM_BLOCKS, 4096).kv_cache_groups[1].kv_cache_spec
     worker = V1Worker if runner == "v1" else V2Worker
     return worker(vc, spec, NUM_BLOCKS, hash_block_size=MAMBA_BLOCK_SIZE,
                     cache_hit_alignment_tokens=MAMBA_BLOCK_SIZE, max_model_len=1024,

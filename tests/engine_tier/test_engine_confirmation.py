@@ -254,7 +254,7 @@ def test_cpu_partial_hit_is_clean_under_the_prefix_gates_in_the_harness_and_on_t
     (num_tokens - 1) // block * block, so a block boundary past it is at or past the prompt's
     end and no chunk can cross it early.  The harness says clean, and the real engine agrees."""
     from mambafuzz.engine_tier import engines
-    from mambafuzz.sim import harness, splits
+    from mambafuzz.sim.engine import harness, splits
 
     s = _cpu_partial_hit()
     assert engines.unsupported(s) is None

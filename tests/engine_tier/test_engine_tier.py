@@ -119,7 +119,7 @@ MTP = Scenario(engine=_engine(spec_method="mtp", num_speculative_tokens=1), requ
 
 
 def test_spec_decode_in_align_mode_runs_with_the_triton_interpreter():
-    """The align pre-copy/post-copy kernels run in Triton's interpreter (mambafuzz.sim.vllm_compat.triton_cpu), so MTP
+    """The align pre-copy/post-copy kernels run in Triton's interpreter (mambafuzz.sim.bridge.vllm_compat.triton_cpu), so MTP
     in align mode is no longer a skip reason; the uncached engine never needed it."""
     from mambafuzz.engine_tier import engines
 
@@ -138,7 +138,7 @@ def test_interpreter_is_enabled_after_a_vllm_symbol_check_imported_the_kernel_mo
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
-        from mambafuzz.sim.vllm_compat.resolve import check_all
+        from mambafuzz.sim.bridge.vllm_compat.resolve import check_all
         check_all()
         import vllm.v1.worker.mamba_utils as mu
         before = type(mu.precopy_mamba_align_fused_kernel).__name__
@@ -153,7 +153,7 @@ def test_interpreter_is_enabled_after_a_vllm_symbol_check_imported_the_kernel_mo
 
 def test_spec_decode_in_align_mode_is_skipped_without_the_interpreter(monkeypatch):
     from mambafuzz.engine_tier import engines
-    from mambafuzz.sim.vllm_compat import triton_cpu
+    from mambafuzz.sim.bridge.vllm_compat import triton_cpu
 
     def refuse(reimport_stale: bool = False) -> None:
         raise triton_cpu.InterpreterUnavailable("imported before the Triton interpreter was enabled: ['x']")
@@ -243,7 +243,7 @@ def test_audit_counts_what_the_harness_oracle_counts(audit, mode):
     from the scheduler side alone, equals the oracle's count from the kernel model, in each
     scheduling mode (every case as recorded, then all synchronous, then all async)."""
     from mambafuzz.model.scenario import ScenarioError, with_scheduling
-    from mambafuzz.sim import harness, splits
+    from mambafuzz.sim.engine import harness, splits
     from mambafuzz.store import corpus
 
     root = Path(__file__).resolve().parents[2] / "corpus"
@@ -284,7 +284,7 @@ def test_audit_replays_async_rows_on_the_tokens_the_worker_ran(audit, k):
     retry_after_abort.json under async)."""
     import dataclasses
 
-    from mambafuzz.sim import harness
+    from mambafuzz.sim.engine import harness
 
     s = DECODE_CROSSES
     if k:
@@ -307,7 +307,7 @@ def test_worker_drafts_are_the_kept_tokens_then_what_was_scheduled():
 
 
 def test_audit_counts_a_poisoning_split_without_spec_decode(audit):
-    from mambafuzz.sim import harness
+    from mambafuzz.sim.engine import harness
 
     trace = harness.run(POISON, naive_split, "naive")
     bad = audit.RECENT[-1].poisoned
@@ -324,7 +324,7 @@ def test_audit_counter_exported_when_stats_are_on(audit, monkeypatch):
     import types
 
     prometheus_client = pytest.importorskip("prometheus_client")
-    from mambafuzz.sim import harness
+    from mambafuzz.sim.engine import harness
 
     monkeypatch.setattr(audit, "_COUNTER", None)
     audit.maybe_counter(types.SimpleNamespace(log_stats=True))
@@ -516,7 +516,7 @@ def test_align_mode_mtp_stops_at_the_precopy_kernel_without_the_interpreter():
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from mambafuzz.engine_tier import engines
         from mambafuzz.engine_tier.tiny_model import ensure_model
-        from mambafuzz.sim.vllm_compat.api import EngineArgs, LLMEngine, SamplingParams
+        from mambafuzz.sim.bridge.vllm_compat.api import EngineArgs, LLMEngine, SamplingParams
         from tests.engine_tier.test_engine_tier import MTP
         spec = engines.EngineSpec.for_scenario(MTP, True)
         engine = LLMEngine.from_engine_args(EngineArgs(**spec.engine_args(str(ensure_model()))))

@@ -3,7 +3,7 @@ instance flips a (seeded) coin to behave like `prefix` or like the installed spl
 
 import random
 
-from mambafuzz.sim.splits import prefix_split
+from mambafuzz.sim.engine.splits import prefix_split
 
 _rng = random.Random(3)
 _choice: dict[int, bool] = {}

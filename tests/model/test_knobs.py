@@ -10,7 +10,7 @@ import pytest
 from mambafuzz.model import generate
 from mambafuzz.model.scenario import KEEP, EngineConfig, Knob, RequestSpec, Scenario, knobs, validate
 from mambafuzz.search import minimizer
-from mambafuzz.sim.vllm_bridge import engine_key
+from mambafuzz.sim.bridge.configs import engine_key
 
 KNOBS = knobs()
 

@@ -14,7 +14,7 @@ from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.model.generate import scenario_from_bytes, scenarios
 from mambafuzz.model.scenario import ScenarioError, loads, validate
 from mambafuzz.search.triage import known_signatures
-from mambafuzz.sim import harness, splits
+from mambafuzz.sim.engine import harness, splits
 
 # `ci` is derandomized: the same 25 examples every run, so the suite cannot flake.
 settings.register_profile("ci", max_examples=25, deadline=None, database=None, derandomize=True,

@@ -46,7 +46,7 @@ def test_the_conform_target_also_rewards_the_kernel_model_and_the_conformance_ti
     from mambafuzz.search import fuzz_targets
 
     scheduler, conform = (fuzz_targets.get(t).coverage_modules for t in ("scheduler", "conform"))
-    for module in ("mambafuzz.sim.kernel_model", "mambafuzz.sim.runners", "mambafuzz.sim.mixers", "mambafuzz.conform.compare", "mambafuzz.conform.v1",
+    for module in ("mambafuzz.sim.worker.kernel_model", "mambafuzz.sim.worker.runners", "mambafuzz.sim.worker.mixers", "mambafuzz.conform.compare", "mambafuzz.conform.v1",
                    "mambafuzz.conform.v2", "mambafuzz.conform.drive"):
         assert under(module, conform) and not under(module, scheduler), module
     assert under("vllm.v1.core.sched.scheduler", conform)
@@ -67,7 +67,7 @@ prepare_worker(WorkerConfig(target="conform", conform_kernels=True))  # then its
 n = instrument_target("conform")
 import mambafuzz.checks.oracle
 from mambafuzz.conform import compare as conform_check, v1 as conform_vllm
-from mambafuzz.sim.kernel_model import KernelModel
+from mambafuzz.sim.worker.kernel_model import KernelModel
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.worker import mamba_utils
 marked = lambda f: "__ATHERIS_INSTRUMENTED__" in f.__code__.co_consts

@@ -30,7 +30,7 @@ T3 = Runner("t3", "Model Runner T3", "test_registries.py", use_v2_model_runner=T
 @pytest.fixture
 def t3(monkeypatch):
     """A third runner: its own entry, V1's row facts in the kernel model under a recording class."""
-    from mambafuzz.sim import runners as sim_runners
+    from mambafuzz.sim.worker import runners as sim_runners
 
     class T3Rules(sim_runners.V1Runner):
         name = "t3"
@@ -68,13 +68,13 @@ def test_every_runner_option_offers_a_registered_runner(argv, monkeypatch):
 
 def test_the_bridge_tells_the_scheduler_the_entrys_flag_and_never_takes_an_unknown_runner_for_v1(t3, monkeypatch):
     from mambafuzz.model.scenario import ample_pool_blocks
-    from mambafuzz.sim import vllm_bridge as vb
+    from mambafuzz.sim.bridge import scheduler_session
 
     s = first_chunk_scenario()
 
-    def session(runner: str) -> vb.SchedulerSession:
+    def session(runner: str) -> scheduler_session.SchedulerSession:
         engine = dataclasses.replace(s.engine, runner=runner)
-        return vb.SchedulerSession(engine, ample_pool_blocks(s), s.max_model_len(), None, s.uses_connector)
+        return scheduler_session.SchedulerSession(engine, ample_pool_blocks(s), s.max_model_len(), None, s.uses_connector)
 
     assert session("t3").scheduler.use_v2_model_runner is True
     monkeypatch.setitem(model_runners.RUNNERS, "t3", dataclasses.replace(T3, use_v2_model_runner=False))
@@ -91,7 +91,7 @@ def test_a_run_on_a_registered_runner_uses_its_kernel_model_rules(t3):
 
 
 def test_vllms_pick_maps_back_through_the_registry(monkeypatch):
-    from mambafuzz.sim.vllm_bridge import default_runner
+    from mambafuzz.sim.bridge.configs import default_runner
 
     no_features = SimpleNamespace(_get_v2_model_runner_unsupported_features=lambda: [])
     monkeypatch.setitem(model_runners.RUNNERS, "t3", dataclasses.replace(T3, vllm_picks=True))
@@ -104,7 +104,7 @@ def test_vllms_pick_maps_back_through_the_registry(monkeypatch):
 
 def test_a_runner_without_rules_or_a_conformance_worker_is_a_one_line_error(monkeypatch):
     from mambafuzz.conform import drive
-    from mambafuzz.sim.runners import runner_rules
+    from mambafuzz.sim.worker.runners import runner_rules
 
     monkeypatch.setitem(model_runners.RUNNERS, "t3", T3)
     with pytest.raises(UnknownRunner, match="no kernel-model rules"):
@@ -138,7 +138,7 @@ def test_a_test_only_runner_is_held_against_vllms_worker_code_by_the_conformance
 
 def test_every_registered_runner_has_rules_and_a_conformance_worker():
     from mambafuzz.conform.drive import WORKERS
-    from mambafuzz.sim.runners import RULES
+    from mambafuzz.sim.worker.runners import RULES
 
     assert set(RULES) == set(WORKERS) == set(model_runners.RUNNERS)
     assert all(RULES[n].name == n and WORKERS[n].runner == n for n in model_runners.RUNNERS)

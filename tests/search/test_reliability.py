@@ -17,7 +17,7 @@ from mambafuzz.model.generate import random_scenario
 from mambafuzz.model.inputs import decode_input, iter_input_files
 from mambafuzz.model.scenario import validate
 from mambafuzz.search.worker_protocol import parse_event
-from mambafuzz.sim import harness
+from mambafuzz.sim.engine import harness
 from mambafuzz.store.corpus import CaseError, WalkStats, atomic_write, iter_cases, parse_case
 from mambafuzz.store.report import trace_digest
 from tests.conftest import first_chunk_scenario, shared_prefix_scenario
@@ -43,7 +43,7 @@ def test_same_trace_in_separate_processes_under_different_hash_seeds(tmp_path):
     path.write_text(s.dumps())
     digests = {_digest_in_subprocess(path, seed) for seed in ("0", "1", "12345")}
     assert len(digests) == 1
-    assert digests == {trace_digest(harness.run(s, __import__("mambafuzz.sim.splits").sim.splits.prefix_split, "prefix"))}
+    assert digests == {trace_digest(harness.run(s, __import__("mambafuzz.sim.engine.splits").sim.engine.splits.prefix_split, "prefix"))}
 
 
 def test_repeated_runs_in_one_process_are_identical_after_other_work():

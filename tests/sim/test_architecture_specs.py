@@ -8,15 +8,15 @@ import pytest
 
 from mambafuzz.model import architectures as registry
 from mambafuzz.model.scenario import with_scheduling
-from mambafuzz.sim import architectures as arch
-from mambafuzz.sim import vllm_bridge as vb
-from mambafuzz.sim.vllm_compat import api
+from mambafuzz.sim.bridge import architectures as arch
+from mambafuzz.sim.bridge import configs, scheduler_session
+from mambafuzz.sim.bridge.vllm_compat import api
 
 FULL_SIZE = [n for n in registry.MODELS if n != registry.DEFAULT_MODEL]
 
 
 def _groups(name: str, spec_blocks: int = 0):
-    return tuple(vb.kv_cache_groups_for(16, 256, True, spec_blocks, 0, None, name))
+    return tuple(configs.kv_cache_groups_for(16, 256, True, spec_blocks, 0, None, name))
 
 
 @pytest.mark.parametrize("name", FULL_SIZE)
@@ -28,9 +28,9 @@ def test_declared_group_count_is_vllms_grouping_of_the_layer_specs(name):
 
 
 def test_default_model_keeps_the_bridges_own_specs():
-    groups = vb.kv_cache_groups_for(16, 256, True, 0, 0, None)
-    assert groups == vb.kv_cache_groups_for(16, 256, True, 0, 0, None, registry.DEFAULT_MODEL)
-    assert sorted(n for g in groups for n in g.layer_names) == sorted([*vb.MAMBA_LAYERS, vb.ATTN_LAYER])
+    groups = configs.kv_cache_groups_for(16, 256, True, 0, 0, None)
+    assert groups == configs.kv_cache_groups_for(16, 256, True, 0, 0, None, registry.DEFAULT_MODEL)
+    assert sorted(n for g in groups for n in g.layer_names) == sorted([*configs.MAMBA_LAYERS, configs.ATTN_LAYER])
     assert arch.group_counts(groups) == {"mamba": registry.get(registry.DEFAULT_MODEL).mamba_groups, "attention": 1}
 
 
@@ -85,7 +85,7 @@ def test_harness_runs_the_architecture_and_names_it(name, tmp_path):
     from mambafuzz.model.scenario import loads
     from mambafuzz.store.report import step_table
 
-    raw = json.loads((vb.TINY_MODEL_DIR.parent.parent / "corpus/seeds/shared_prefix_block_hits.json").read_text())
+    raw = json.loads((configs.TINY_MODEL_DIR.parent.parent / "corpus/seeds/shared_prefix_block_hits.json").read_text())
     raw["engine"]["model"] = name
     for key in ("expected", "expected_by_vllm"):
         raw.pop(key, None)
@@ -100,11 +100,11 @@ def test_harness_runs_the_architecture_and_names_it(name, tmp_path):
 def _seed_case(name: str):
     from mambafuzz.store.corpus import load_case
 
-    return load_case(vb.TINY_MODEL_DIR.parent.parent / "corpus/seeds" / name).scenario
+    return load_case(configs.TINY_MODEL_DIR.parent.parent / "corpus/seeds" / name).scenario
 
 
 def test_every_mamba_group_gets_its_own_kernel_model(monkeypatch):
-    from mambafuzz.sim import harness
+    from mambafuzz.sim.engine import harness
 
     built = []
     real = harness.WorkerMirror
@@ -122,7 +122,7 @@ def test_a_wrong_read_in_another_mamba_group_is_a_finding(monkeypatch):
     """Group 2's table of r1 swapped for r0's, in the scheduler's tables and in what it tells the worker
     alike: only that group starts r1 from a state not its own."""
     from mambafuzz.checks.pipeline import evaluate
-    from mambafuzz.sim.worker_tables import WorkerTables
+    from mambafuzz.sim.worker.worker_tables import WorkerTables
 
     def swapping(real):
         def swapped(self, rid):
@@ -138,7 +138,7 @@ def test_a_wrong_read_in_another_mamba_group_is_a_finding(monkeypatch):
     scenario = with_scheduling(_seed_case("nemotron_h_shared_prefix_hits.json"), "sync")
     assert evaluate(scenario, "fixed").verdict.clean
     for view in ("mamba_tables", "mamba_block_lists"):  # the scheduler's tables: ids, and vLLM's own lists
-        monkeypatch.setattr(vb.SchedulerSession, view, swapping(getattr(vb.SchedulerSession, view)))
+        monkeypatch.setattr(scheduler_session.SchedulerSession, view, swapping(getattr(scheduler_session.SchedulerSession, view)))
     monkeypatch.setattr(WorkerTables, "get", swapping(WorkerTables.get))
     verdict = evaluate(scenario, "fixed", differential=False).verdict
     assert not verdict.clean and "mamba KV-cache group 2" in verdict.findings[0].message

@@ -21,8 +21,8 @@ from mambafuzz.model.scenario import (
     validate,
     with_scheduling,
 )
-from mambafuzz.sim import engine_core, harness
-from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.sim.bridge import configs, scheduler_session
+from mambafuzz.sim.engine import engine_core, harness
 from mambafuzz.store.corpus import load_case
 from mambafuzz.store.report import step_table, trace_digest
 from tests.helpers.known import unexplained
@@ -47,27 +47,27 @@ def test_unset_mode_is_what_vllm_picks_on_a_cuda_host_and_builds_its_scheduler_c
 
     s = Scenario(mtp_engine(), requests=[RequestSpec(unique_len=40)])
     assert s.engine.async_scheduling is None
-    session = vb.SchedulerSession(s.engine, 64, s.max_model_len(), None)
+    session = scheduler_session.SchedulerSession(s.engine, 64, s.max_model_len(), None)
     assert session.async_scheduling and type(session.scheduler) is AsyncScheduler
     assert session.batch_queue_depth == 2
-    sync = vb.SchedulerSession(dataclasses.replace(s.engine, async_scheduling=False), 64, s.max_model_len(), None)
-    assert not sync.async_scheduling and type(sync.scheduler) is vb.Scheduler and sync.batch_queue_depth == 1
+    sync = scheduler_session.SchedulerSession(dataclasses.replace(s.engine, async_scheduling=False), 64, s.max_model_len(), None)
+    assert not sync.async_scheduling and type(sync.scheduler) is scheduler_session.Scheduler and sync.batch_queue_depth == 1
 
 
 def test_vllms_default_turns_async_off_where_its_config_branch_does():
-    vc = vb.vllm_config_for(mtp_engine(), 1024)
-    assert vb.default_async_scheduling(vc, "v2") and vb.default_async_scheduling(vc, "v1")
+    vc = configs.vllm_config_for(mtp_engine(), 1024)
+    assert configs.default_async_scheduling(vc, "v2") and configs.default_async_scheduling(vc, "v1")
     ngram = SimpleNamespace(speculative_config=SimpleNamespace(method="ngram"), parallel_config=vc.parallel_config)
-    assert not vb.default_async_scheduling(ngram, "v2")
+    assert not configs.default_async_scheduling(ngram, "v2")
     pipelined = SimpleNamespace(speculative_config=None, parallel_config=SimpleNamespace(pipeline_parallel_size=2))
-    assert not vb.default_async_scheduling(pipelined, "v1")  # V1 does not run async with pipeline parallelism
-    assert vb.default_async_scheduling(pipelined, "v2")
+    assert not configs.default_async_scheduling(pipelined, "v1")  # V1 does not run async with pipeline parallelism
+    assert configs.default_async_scheduling(pipelined, "v2")
 
 
 def test_queue_depth_is_vllms_max_concurrent_batches_for_the_runner():
-    vc = vb.vllm_config_for(mtp_engine(async_scheduling=True), 1024)
-    assert vb.batch_queue_depth(vc, "v1") == 2 and vb.batch_queue_depth(vc, "v2") == 2
-    assert vb.batch_queue_depth(vb.vllm_config_for(mtp_engine(async_scheduling=False), 1024), "v2") == 1
+    vc = configs.vllm_config_for(mtp_engine(async_scheduling=True), 1024)
+    assert configs.batch_queue_depth(vc, "v1") == 2 and configs.batch_queue_depth(vc, "v2") == 2
+    assert configs.batch_queue_depth(configs.vllm_config_for(mtp_engine(async_scheduling=False), 1024), "v2") == 1
 
 
 def test_version_1_files_were_recorded_synchronously_and_version_2_keeps_the_knob():
@@ -201,11 +201,11 @@ def test_aborts_that_arrive_in_flight_are_taken_before_the_next_update():
 
 def test_no_kv_connector_is_configured_unless_a_request_claims_external_tokens():
     s = Scenario(mtp_engine(async_scheduling=True), requests=[RequestSpec(unique_len=40)])
-    plain = vb.SchedulerSession(s.engine, 64, s.max_model_len(), None, s.uses_connector)
+    plain = scheduler_session.SchedulerSession(s.engine, 64, s.max_model_len(), None, s.uses_connector)
     assert plain.connector is None and not plain.scheduler.defer_block_free
     s.requests.append(RequestSpec(unique_len=40, external_tokens=16))
     assert s.uses_connector
-    with_connector = vb.SchedulerSession(s.engine, 64, s.max_model_len(), None, s.uses_connector)
+    with_connector = scheduler_session.SchedulerSession(s.engine, 64, s.max_model_len(), None, s.uses_connector)
     # a consumer connector and batches in flight: vLLM defers block frees
     assert with_connector.connector is not None and with_connector.scheduler.defer_block_free
 

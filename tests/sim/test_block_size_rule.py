@@ -5,16 +5,16 @@ what the real scheduler does with it."""
 from __future__ import annotations
 
 from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario
-from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.sim.bridge import configs
 
 
 def test_the_engine_core_rule_takes_the_smallest_prefix_cacheable_group():
-    off = vb.vllm_config_for(EngineConfig(mamba_block_size=64, attn_block_size=16), 1024)
-    on = vb.vllm_config_for(EngineConfig(mamba_block_size=64, attn_block_size=16, block_size_from_groups=True), 1024)
+    off = configs.vllm_config_for(EngineConfig(mamba_block_size=64, attn_block_size=16), 1024)
+    on = configs.vllm_config_for(EngineConfig(mamba_block_size=64, attn_block_size=16, block_size_from_groups=True), 1024)
     assert off.cache_config.block_size == 64
     assert (on.cache_config.block_size, on.cache_config.mamba_block_size) == (16, 64)
-    groups = vb.kv_cache_config_for(EngineConfig(mamba_block_size=64, attn_block_size=16), 8, 1024).kv_cache_groups
-    assert vb.engine_core_block_size(groups) == 16
+    groups = configs.kv_cache_config_for(EngineConfig(mamba_block_size=64, attn_block_size=16), 8, 1024).kv_cache_groups
+    assert configs.engine_core_block_size(groups) == 16
 
 
 def _chunk_ends(flag: bool) -> list[int]:

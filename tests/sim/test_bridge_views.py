@@ -1,11 +1,11 @@
 """The bridge's read-only views of vLLM's state that the harness reads on its hot paths."""
 
 from mambafuzz.model.generate import random_scenario
-from mambafuzz.sim import harness
-from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.sim.bridge import scheduler_session
+from mambafuzz.sim.engine import harness
 
 
-def _group_tables(session: vb.SchedulerSession, rid: str) -> tuple[list[int], ...]:
+def _group_tables(session: scheduler_session.SchedulerSession, rid: str) -> tuple[list[int], ...]:
     managers = session.scheduler.kv_cache_manager.coordinator.single_type_managers
     return tuple([block.block_id for block in managers[g].req_to_blocks.get(rid, ())] for g in session.mamba_groups)
 
@@ -17,7 +17,7 @@ def test_mamba_tables_are_each_mamba_groups_block_ids_in_group_order(monkeypatch
     import random
 
     seen = []
-    lists, ids = vb.SchedulerSession.mamba_block_lists, vb.SchedulerSession.mamba_tables
+    lists, ids = scheduler_session.SchedulerSession.mamba_block_lists, scheduler_session.SchedulerSession.mamba_tables
 
     def checked(self, rid):
         got = lists(self, rid)
@@ -30,12 +30,12 @@ def test_mamba_tables_are_each_mamba_groups_block_ids_in_group_order(monkeypatch
         seen.append(len(tables))
         return got
 
-    monkeypatch.setattr(vb.SchedulerSession, "mamba_block_lists", checked)
+    monkeypatch.setattr(scheduler_session.SchedulerSession, "mamba_block_lists", checked)
     rng = random.Random(5)
     for _ in range(6):
         harness.run(random_scenario(rng))
     assert 3 in seen and len(set(seen)) > 1
-    session = vb.SchedulerSession(random_scenario(rng).engine, 64, 4096, None, False)
+    session = scheduler_session.SchedulerSession(random_scenario(rng).engine, 64, 4096, None, False)
     assert ids(session, "nobody") == ([],) * len(session.mamba_groups)
     assert lists(session, "nobody") == ((),) * len(session.mamba_groups)
 
@@ -44,13 +44,13 @@ def test_finished_statuses_are_the_ones_a_request_calls_finished():
     """`req.status in FINISHED_STATUSES` stands for `req.is_finished()` on the harness's hot paths."""
     import random
 
-    session = vb.SchedulerSession(random_scenario(random.Random(3)).engine, 64, 4096, None, False)
+    session = scheduler_session.SchedulerSession(random_scenario(random.Random(3)).engine, 64, 4096, None, False)
     session.add_request("r0", [1, 2, 3, 4], 4, 0.0)
     req = session.request("r0")
     answers = set()
-    for status in vb.RequestStatus:
+    for status in scheduler_session.RequestStatus:
         req.status = status
-        assert req.is_finished() == (status in vb.FINISHED_STATUSES), status
+        assert req.is_finished() == (status in scheduler_session.FINISHED_STATUSES), status
         answers.add(req.is_finished())
     assert answers == {True, False}
 
@@ -61,10 +61,10 @@ def test_preempted_is_the_outputs_preempted_requests_and_the_shared_empty_set_re
     import pytest
 
     for ids in (None, set()):
-        none = vb.SchedulerSession.preempted(SimpleNamespace(preempted_req_ids=ids))
+        none = scheduler_session.SchedulerSession.preempted(SimpleNamespace(preempted_req_ids=ids))
         assert none == set() and not none
         with pytest.raises(AttributeError):
             none.add("r0")  # type: ignore[attr-defined]
     ids = {"r0", "r2"}
-    got = vb.SchedulerSession.preempted(SimpleNamespace(preempted_req_ids=ids))
+    got = scheduler_session.SchedulerSession.preempted(SimpleNamespace(preempted_req_ids=ids))
     assert got == ids and got is not ids

@@ -9,7 +9,7 @@ import pytest
 from mambafuzz.checks.oracle import judge
 from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ScenarioError, from_json
-from mambafuzz.sim import harness
+from mambafuzz.sim.engine import harness
 from tests.helpers.known import unexplained
 
 # The engine both saving scenarios run on: 64-token blocks and budget, synchronous, a connector
@@ -150,9 +150,9 @@ def test_a_poisoned_save_travels_to_a_later_request_and_is_caught_there():
 
 
 def test_a_vllm_without_hand_offs_saves_nothing_and_says_so(monkeypatch):
-    from mambafuzz.sim import vllm_bridge
+    from mambafuzz.sim.bridge import scheduler_session
 
-    monkeypatch.setattr(vllm_bridge, "BOUNDARY_STATE_OFFLOADS", False)
+    monkeypatch.setattr(scheduler_session, "BOUNDARY_STATE_OFFLOADS", False)
     trace = harness.run(offload_scenario())
     (unsupported,) = events(trace, "save-unsupported")
     assert "kv_connector_block_state" in unsupported[3] and events(trace, "save") == []
@@ -164,10 +164,10 @@ def test_a_hand_off_off_the_hash_grid_breaks_the_scheduler_contract(monkeypatch)
     """A store connector keys a hand-off by the prefix hash ending at its boundary (Mooncake
     asserts the boundary is on the hash grid): one that is not is a SchedulerContract finding
     at the scheduler's output, not an entry silently dropped."""
-    from mambafuzz.sim import vllm_bridge
+    from mambafuzz.sim.bridge import scheduler_session
 
-    real = vllm_bridge.boundary_state_offloads
-    monkeypatch.setattr(vllm_bridge, "boundary_state_offloads",
+    real = scheduler_session.boundary_state_offloads
+    monkeypatch.setattr(scheduler_session, "boundary_state_offloads",
                         lambda out: [(r, g, b, t - 1) for r, g, b, t in (real(out) or [])])
     trace = harness.run(offload_scenario())
     assert trace.crash is not None and trace.crash.contract == harness.OFFLOAD_ON_HASH_GRID, trace.crash
@@ -296,7 +296,7 @@ def test_finished_sends_free_blocks_in_the_same_order_under_any_hash_seed():
 
 
 def test_finished_ids_iterate_sorted():
-    from mambafuzz.sim.vllm_bridge import SortedIds
+    from mambafuzz.sim.bridge.scheduler_session import SortedIds
 
     ids = SortedIds({"r3", "r0", "r10", "r2"})
     assert list(ids) == ["r0", "r10", "r2", "r3"] and "r3" in ids and len(ids) == 4

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from mambafuzz.checks.pipeline import evaluate
-from mambafuzz.sim import harness, splits
+from mambafuzz.sim.engine import harness, splits
 from tests.conftest import first_chunk_scenario, shared_prefix_scenario
 
 
@@ -78,12 +78,12 @@ def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
     their block that step: a block overwritten after publication shows up again, poisoned."""
     from types import SimpleNamespace
 
-    from mambafuzz.sim.cache_audit import BlockAuditor
-    from mambafuzz.sim.harness import _Runner
-    from mambafuzz.sim.hash_book import HashBook
-    from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
+    from mambafuzz.sim.engine.cache_audit import BlockAuditor
+    from mambafuzz.sim.engine.harness import _Runner
+    from mambafuzz.sim.engine.hash_book import HashBook
     from mambafuzz.sim.state import PrefixStates
     from mambafuzz.sim.trace import StepRecord, Trace
+    from mambafuzz.sim.worker.kernel_model import KernelGeometry, KernelModel
 
     truth = PrefixStates(list(range(1, 20)))
     key = b"h" * 32 + bytes(4)  # a block hash plus the 4-byte group id vLLM appends
@@ -126,7 +126,7 @@ def test_the_cache_audit_between_key_changes_records_what_a_full_scan_every_step
     import random
 
     from mambafuzz.model.generate import random_scenario
-    from mambafuzz.sim import vllm_bridge
+    from mambafuzz.sim.bridge import scheduler_session
 
     rng = random.Random(11)
     scenarios = [random_scenario(rng) for _ in range(40)]
@@ -136,7 +136,7 @@ def test_the_cache_audit_between_key_changes_records_what_a_full_scan_every_step
 
     incremental = entries()
     forced = iter(range(10**9))
-    monkeypatch.setattr(vllm_bridge.SchedulerSession, "cache_keys_version", lambda self: next(forced))
+    monkeypatch.setattr(scheduler_session.SchedulerSession, "cache_keys_version", lambda self: next(forced))
     assert entries() == incremental
     assert sum(len(rec) for runs in incremental for rec in runs) > 0  # the scenarios do publish blocks
 
@@ -147,10 +147,10 @@ def test_the_keys_the_bridge_hands_out_as_added_are_what_a_scan_adds():
     key, other groups' keys) and pops on a real session's key map, checked after every operation."""
     import random
 
-    from mambafuzz.sim import vllm_bridge as vb
+    from mambafuzz.sim.bridge import scheduler_session
 
     s = shared_prefix_scenario()
-    session = vb.SchedulerSession(s.engine, 64, s.max_model_len(), None)
+    session = scheduler_session.SchedulerSession(s.engine, 64, s.max_model_len(), None)
     session.cache_keys_version()  # the watch, on the empty map of a fresh scheduler
     keys, blocks = session.block_pool.cached_block_hash_to_block, session.block_pool.blocks
     other_suffix = bytes(4) if session._mamba_key_suffix != bytes(4) else (1).to_bytes(4, "little")
@@ -185,11 +185,11 @@ def test_the_keys_the_bridge_hands_out_as_added_are_what_a_scan_adds():
 def test_a_key_watch_installed_on_a_map_holding_keys_knows_nothing_until_a_full_scan():
     """On an empty map the watch knows the scan (nothing), so the audit's first look extends it;
     on a map that already holds mamba keys the added pairs alone would miss those: a full scan."""
-    from mambafuzz.sim import vllm_bridge as vb
+    from mambafuzz.sim.bridge import scheduler_session
 
     s = shared_prefix_scenario()
     for keyed_before in (False, True):
-        session = vb.SchedulerSession(s.engine, 64, s.max_model_len(), None)
+        session = scheduler_session.SchedulerSession(s.engine, 64, s.max_model_len(), None)
         keys, blocks = session.block_pool.cached_block_hash_to_block, session.block_pool.blocks
         first, second = (bytes([i]) * 32 + session._mamba_key_suffix for i in (1, 2))
         assert session.take_added_mamba_keys() is None  # no watch yet
@@ -212,7 +212,7 @@ def test_every_published_mamba_key_is_in_the_hash_book_when_the_audit_judges_it(
 
     from mambafuzz.model.generate import random_scenario
     from mambafuzz.model.scenario import ScenarioError, with_scheduling
-    from mambafuzz.sim.cache_audit import UNKNOWN_CLAIM
+    from mambafuzz.sim.engine.cache_audit import UNKNOWN_CLAIM
 
     rng = random.Random(11)
     judged = 0
@@ -233,9 +233,9 @@ def test_a_cache_change_the_counter_misses_is_a_tool_failure_not_a_clean_run(mon
     the incremental audit would miss entries; the end-of-run check turns that into a HarnessError."""
     import pytest
 
-    from mambafuzz.sim import vllm_bridge
+    from mambafuzz.sim.bridge import scheduler_session
 
-    monkeypatch.setattr(vllm_bridge.SchedulerSession, "cache_keys_version", lambda self: 0)
+    monkeypatch.setattr(scheduler_session.SchedulerSession, "cache_keys_version", lambda self: 0)
     with pytest.raises(harness.HarnessError, match="cache_keys_version"):
         harness.run(shared_prefix_scenario())
 
@@ -246,8 +246,8 @@ def test_an_exception_of_the_harness_itself_is_a_tool_error_not_a_vllm_crash(mon
     import pytest
 
     from mambafuzz.exit_codes import ToolError
-    from mambafuzz.sim import harness
-    from mambafuzz.sim.kernel_model import KernelModel
+    from mambafuzz.sim.engine import harness
+    from mambafuzz.sim.worker.kernel_model import KernelModel
 
     def broken(self, *args, **kwargs):
         raise IndexError("simulated harness bug")
@@ -263,7 +263,7 @@ def test_a_worker_keeps_the_input_counts_a_tool_error_and_goes_on(monkeypatch, t
     and the worker runs the next input (it used to exit 3 and fuzz nothing more)."""
     from mambafuzz.search import target_runtime
     from mambafuzz.search.worker_protocol import WorkerConfig, parse_event
-    from mambafuzz.sim.kernel_model import KernelModel
+    from mambafuzz.sim.worker.kernel_model import KernelModel
 
     rt = target_runtime.Runtime(WorkerConfig(findings=str(tmp_path / "f"), generator="random"))
     with monkeypatch.context() as m:
@@ -285,7 +285,7 @@ def test_each_rule_of_vllms_row_contract_is_checked_by_name_before_the_harness_u
     ours: a negative count, drafts with no token to verify them, a table without the state block."""
     import pytest
 
-    from mambafuzz.sim import harness
+    from mambafuzz.sim.engine import harness
 
     block = 16
     broken = [  # (start, tokens, drafts, request tokens, table, block size), the rule it breaks
@@ -310,7 +310,7 @@ def test_each_rule_of_vllms_row_contract_is_checked_by_name_before_the_harness_u
 def _short_tables(monkeypatch, rid: str) -> None:
     """The worker is told `rid`'s mamba block tables without their last block, in every group: a
     vLLM whose SchedulerOutput leaves out (or never allocates) the block the row's state goes to."""
-    from mambafuzz.sim.worker_tables import WorkerTables
+    from mambafuzz.sim.worker.worker_tables import WorkerTables
 
     get = WorkerTables.get
     monkeypatch.setattr(WorkerTables, "get",
@@ -338,9 +338,9 @@ def test_a_row_whose_counts_are_not_ints_is_a_contract_finding_through_a_run(mon
     with `/` (so its start is a float too), or a float num_computed_tokens in what the worker is
     told (a float start, an int count), or a one-token row counted as `True` (an int start, a count that is not an int)."""
     from mambafuzz.model.scenario import with_scheduling
-    from mambafuzz.sim import vllm_bridge as vb
+    from mambafuzz.sim.bridge import scheduler_session
 
-    schedule = vb.SchedulerSession.schedule
+    schedule = scheduler_session.SchedulerSession.schedule
 
     def broken_schedule(self):
         out = schedule(self)
@@ -361,7 +361,7 @@ def test_a_row_whose_counts_are_not_ints_is_a_contract_finding_through_a_run(mon
 
     scenario = with_scheduling(shared_prefix_scenario(), scheduling)
     assert harness.run(scenario).crash is None
-    monkeypatch.setattr(vb.SchedulerSession, "schedule", broken_schedule)
+    monkeypatch.setattr(scheduler_session.SchedulerSession, "schedule", broken_schedule)
     crash = harness.run(scenario).crash
     assert crash is not None and crash.contract == harness.ROW_COUNTS_ARE_INTEGERS, crash
     assert crash.vllm_frame == harness.SCHEDULER_OUTPUT and "r1 is scheduled for" in crash.message
@@ -397,14 +397,14 @@ def test_each_batch_event_publishes_the_mamba_blocks_keyed_by_its_schedule_and_b
 
     from mambafuzz.model.generate import random_scenario
     from mambafuzz.model.scenario import with_scheduling
-    from mambafuzz.sim import vllm_bridge as vb
+    from mambafuzz.sim.bridge import scheduler_session
 
     keyed: dict = collections.defaultdict(list)  # (step, phase) -> block ids, in order
     now = {"step": -1, "phase": None, "suffix": None}
     s = shared_prefix_scenario()
-    map_type = type(vb.SchedulerSession(s.engine, 64, s.max_model_len(), None).block_pool.cached_block_hash_to_block)
+    map_type = type(scheduler_session.SchedulerSession(s.engine, 64, s.max_model_len(), None).block_pool.cached_block_hash_to_block)
     real_insert, real_step = map_type.insert, harness._Runner._engine_step
-    real_schedule, real_feed = vb.SchedulerSession.schedule, vb.SchedulerSession.feed
+    real_schedule, real_feed = scheduler_session.SchedulerSession.schedule, scheduler_session.SchedulerSession.feed
 
     def insert(self, key, block):
         if now["phase"] is not None and key[-4:] == now["suffix"]:
@@ -425,8 +425,8 @@ def test_each_batch_event_publishes_the_mamba_blocks_keyed_by_its_schedule_and_b
         return real_step(self, step)
 
     monkeypatch.setattr(map_type, "insert", insert)
-    monkeypatch.setattr(vb.SchedulerSession, "schedule", phase("schedule", real_schedule))
-    monkeypatch.setattr(vb.SchedulerSession, "feed", phase("update", real_feed))
+    monkeypatch.setattr(scheduler_session.SchedulerSession, "schedule", phase("schedule", real_schedule))
+    monkeypatch.setattr(scheduler_session.SchedulerSession, "feed", phase("update", real_feed))
     monkeypatch.setattr(harness._Runner, "_engine_step", engine_step)
     rng = random.Random(7)
     published = on_update = 0

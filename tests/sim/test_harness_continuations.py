@@ -8,9 +8,9 @@ import pytest
 
 from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario, with_scheduling
-from mambafuzz.sim import harness
-from mambafuzz.sim.kernel_model import KernelModel
+from mambafuzz.sim.engine import harness
 from mambafuzz.sim.state import State
+from mambafuzz.sim.worker.kernel_model import KernelModel
 from mambafuzz.store.report import step_table, trace_digest
 from tests.helpers.known import unexplained
 
@@ -50,16 +50,16 @@ def test_the_prompt_is_built_from_what_the_model_generated_and_hits_its_decode_b
 
 
 def test_vllm_is_given_the_earlier_prompt_its_outputs_and_the_new_tail(monkeypatch):
-    from mambafuzz.sim import vllm_bridge as vb
+    from mambafuzz.sim.bridge import scheduler_session
 
     given: dict[str, list[int]] = {}
-    original = vb.SchedulerSession.add_request
+    original = scheduler_session.SchedulerSession.add_request
 
     def record(self, rid, prompt, max_tokens, arrival):
         given[rid] = list(prompt)
         return original(self, rid, prompt, max_tokens, arrival)
 
-    monkeypatch.setattr(vb.SchedulerSession, "add_request", record)
+    monkeypatch.setattr(scheduler_session.SchedulerSession, "add_request", record)
     s = turns()
     trace = harness.run(s, None, "fixed")
     assert given["r1"] == s.prompt_tokens(0) + trace.outputs["r0"] + s.tail_tokens(1)
@@ -95,12 +95,12 @@ def test_the_bare_loop_builds_continuations_from_the_sessions_tokens():
     """StepPlan.feed (the speed bench's and the conformance driver's loop) with a constant worker."""
     from mambafuzz.model.scenario import ample_pool_blocks
     from mambafuzz.model.step_plan import StepPlan
-    from mambafuzz.sim import vllm_bridge as vb
-    from mambafuzz.sim.constant_worker import ConstantWorker
-    from mambafuzz.sim.engine_core import BatchQueue
+    from mambafuzz.sim.bridge import scheduler_session
+    from mambafuzz.sim.engine.engine_core import BatchQueue
+    from mambafuzz.sim.worker.constant_worker import ConstantWorker
 
     s = with_scheduling(turns(), "sync")
-    session = vb.SchedulerSession(s.engine, ample_pool_blocks(s), s.max_model_len(), None, False)
+    session = scheduler_session.SchedulerSession(s.engine, ample_pool_blocks(s), s.max_model_len(), None, False)
     queue = BatchQueue(session.batch_queue_depth)
     worker, plan, prompts = ConstantWorker(session, s, queue), StepPlan.of(s), s.static_prompts()
     step = 0

@@ -1,7 +1,7 @@
 """The kernel model's rules, each on a tiny block table (block size 4)."""
 
-from mambafuzz.sim.kernel_model import UNSET, ZEROED, KernelGeometry, KernelModel
 from mambafuzz.sim.state import EMPTY, PrefixStates, State
+from mambafuzz.sim.worker.kernel_model import UNSET, ZEROED, KernelGeometry, KernelModel
 
 TOKENS = list(range(1, 30))
 TRUTH = PrefixStates(TOKENS)

@@ -21,9 +21,9 @@ from mambafuzz.model.scenario import (
     with_runner,
     with_scheduling,
 )
-from mambafuzz.sim import harness
-from mambafuzz.sim import vllm_bridge as vb
-from mambafuzz.sim.engine_core import Batch, BatchQueue
+from mambafuzz.sim.bridge import scheduler_session
+from mambafuzz.sim.engine import harness
+from mambafuzz.sim.engine.engine_core import Batch, BatchQueue
 
 
 def pipelined(stages: int, **kw) -> Scenario:
@@ -51,7 +51,7 @@ def test_stages_are_modelled_only_on_v2_under_async_scheduling():
 def test_the_queue_is_stages_plus_one_deep_as_vllm_says_for_v2():
     for stages in (1, 2, 4):
         s = pipelined(stages)
-        session = vb.SchedulerSession(s.engine, 512, s.max_model_len(), None)
+        session = scheduler_session.SchedulerSession(s.engine, 512, s.max_model_len(), None)
         assert session.batch_queue_depth == stages + 1 and session.runner == "v2"
         assert session.scheduler.use_pp == (stages > 1)
 

@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from mambafuzz.sim.vllm_compat import features, platform_gate
-from mambafuzz.sim.vllm_compat.output import resumed_req_ids
+from mambafuzz.sim.bridge.vllm_compat import features, platform_gate
+from mambafuzz.sim.bridge.vllm_compat.output import resumed_req_ids
 
 
 def _fake(refuse: bool):

@@ -1,5 +1,5 @@
 """The pool floor a scenario may name (mambafuzz.model.scenario.min_pool_blocks) against vLLM's own
-start-up minimum (mambafuzz.sim.vllm_bridge.startup_min_blocks, the engine's per-group check):
+start-up minimum (mambafuzz.sim.bridge.configs.startup_min_blocks, the engine's per-group check):
 equal to it, so no drawn pool is one vLLM refuses and the generators reach the tightest pool vLLM
 starts with; and the bridge's minimum is the one vLLM's own check computes."""
 
@@ -22,8 +22,8 @@ from mambafuzz.model.scenario import (
     startup_pool_blocks,
     validate,
 )
-from mambafuzz.sim import harness
-from mambafuzz.sim import vllm_bridge as vb
+from mambafuzz.sim.bridge import configs
+from mambafuzz.sim.engine import harness
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -34,7 +34,7 @@ def test_floor_is_vllms_startup_minimum(model, caching, spec, ckpt):
                      num_speculative_tokens=spec, num_prefill_checkpoint_blocks=ckpt if caching else 0,
                      mamba_block_size=1600, attn_block_size=1600, max_num_batched_tokens=2048)
     for max_model_len in (1, 1600, 1601, 5000):
-        ours, vllms = startup_pool_blocks(e, max_model_len), vb.startup_min_blocks(e, max_model_len)
+        ours, vllms = startup_pool_blocks(e, max_model_len), configs.startup_min_blocks(e, max_model_len)
         assert ours == vllms, (max_model_len, ours, vllms)
 
 
@@ -54,14 +54,14 @@ def test_the_bridges_minimum_is_the_one_vllms_engine_check_computes(model, spec,
                      num_prefill_checkpoint_blocks=ckpt, mamba_block_size=8, attn_block_size=8,
                      max_num_batched_tokens=64)
     for max_model_len in (238, 1601):
-        groups = vb.kv_cache_config_for(e, 1, max_model_len).kv_cache_groups
-        vc = copy.copy(vb.at_max_model_len(vb._checked_config(e, max_model_len, False), max_model_len))
+        groups = configs.kv_cache_config_for(e, 1, max_model_len).kv_cache_groups
+        vc = copy.copy(configs.at_max_model_len(configs.checked_config(e, max_model_len, False), max_model_len))
         vc.cache_config = copy.copy(vc.cache_config)
         vc.cache_config.kv_cache_layout = "BLHNC"  # the engine core resolves one; the minimum does not depend on it
         per_block = kvu._pool_bytes_per_block(vc, groups)
         need = kvu._max_memory_usage_bytes_from_groups(vc, groups)
         smallest = next(n for n in range(1, 100_000) if n * per_block - per_block >= need)
-        assert vb.startup_min_blocks(e, max_model_len) == smallest, (model, max_model_len)
+        assert configs.startup_min_blocks(e, max_model_len) == smallest, (model, max_model_len)
 
 
 def test_generated_scenarios_floor_matches_vllm():
@@ -71,7 +71,7 @@ def test_generated_scenarios_floor_matches_vllm():
         s = random_scenario(rng)
         if validate(s) or s.engine.model != DEFAULT_MODEL:
             continue
-        assert min_pool_blocks(s) == vb.startup_min_blocks(s.engine, s.max_model_len())
+        assert min_pool_blocks(s) == configs.startup_min_blocks(s.engine, s.max_model_len())
         checked += 1
 
 

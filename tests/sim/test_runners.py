@@ -1,12 +1,12 @@
-"""The runner and mixer rules (mambafuzz/sim/runners.py, mambafuzz/sim/mixers.py), each on the row that tells the
+"""The runner and mixer rules (mambafuzz/sim/worker/runners.py, mambafuzz/sim/worker/mixers.py), each on the row that tells the
 two implementations apart, plus the kernel model's per-runner bookkeeping on tiny tables."""
 
 from types import SimpleNamespace
 
-from mambafuzz.sim.kernel_model import ZEROED, KernelGeometry, KernelModel
-from mambafuzz.sim.mixers import GDN, PREFILL, SPEC, Mamba2
-from mambafuzz.sim.runners import BuilderInputs, RowFacts, V1Runner, V2Runner
 from mambafuzz.sim.state import EMPTY, PrefixStates
+from mambafuzz.sim.worker.kernel_model import ZEROED, KernelGeometry, KernelModel
+from mambafuzz.sim.worker.mixers import GDN, PREFILL, SPEC, Mamba2
+from mambafuzz.sim.worker.runners import BuilderInputs, RowFacts, V1Runner, V2Runner
 
 TOKENS = list(range(1, 30))
 TRUTH = PrefixStates(TOKENS)
@@ -138,7 +138,7 @@ def test_a_spec_row_with_nothing_computed_reads_zeros_as_the_initial_state():
 
 
 def test_default_runner_is_v2_unless_vllm_lists_an_unsupported_feature():
-    from mambafuzz.sim.vllm_bridge import default_runner
+    from mambafuzz.sim.bridge.configs import default_runner
 
     assert default_runner(SimpleNamespace(_get_v2_model_runner_unsupported_features=lambda: [])) == "v2"
     assert default_runner(SimpleNamespace(_get_v2_model_runner_unsupported_features=lambda: ["x"])) == "v1"

@@ -7,7 +7,7 @@ import pytest
 
 from mambafuzz.model.generate import random_scenario
 from mambafuzz.model.scenario import validate
-from mambafuzz.sim import harness, splits
+from mambafuzz.sim.engine import harness, splits
 
 
 def chunks(trace):
@@ -29,7 +29,7 @@ def test_restated_split_matches_the_installed_one(seed):
 def test_resolve_names_and_user_functions():
     assert splits.resolve("fixed") is None
     assert splits.resolve("prefix") is splits.prefix_split
-    assert splits.resolve("mambafuzz.sim.splits:realign_split") is splits.realign_split
-    for bad, needle in [("nope", "unknown split"), ("no_such_mod:f", "cannot import"), ("mambafuzz.sim.splits:missing", "no callable")]:
+    assert splits.resolve("mambafuzz.sim.engine.splits:realign_split") is splits.realign_split
+    for bad, needle in [("nope", "unknown split"), ("no_such_mod:f", "cannot import"), ("mambafuzz.sim.engine.splits:missing", "no callable")]:
         with pytest.raises(splits.SplitError, match=needle):
             splits.resolve(bad)

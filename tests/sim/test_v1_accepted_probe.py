@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from mambafuzz.checks.pipeline import evaluate
-from mambafuzz.sim import patching, v1_accepted_probe
-from mambafuzz.sim.runners import V1Runner, V2Runner
-from mambafuzz.sim.vllm_compat.features import has_v1_accepted_probe
+from mambafuzz.sim import patching
+from mambafuzz.sim.bridge.vllm_compat.features import has_v1_accepted_probe
+from mambafuzz.sim.worker import v1_accepted_probe
+from mambafuzz.sim.worker.runners import V1Runner, V2Runner
 from mambafuzz.store.corpus import load_case
 
 FINDING = Path(__file__).resolve().parents[2] / "corpus" / "upstream" / "v1_unscheduled_step_forgets_accepted_tokens"
@@ -47,7 +48,7 @@ def test_feature_detection_needs_the_batch_methods():
         def add_request(self, request): ...
 
     assert not has_v1_accepted_probe(OldBatch, object)
-    from mambafuzz.sim.vllm_compat.api import CachedRequestState, InputBatch
+    from mambafuzz.sim.bridge.vllm_compat.api import CachedRequestState, InputBatch
 
     assert has_v1_accepted_probe(InputBatch, CachedRequestState)
 
@@ -55,7 +56,7 @@ def test_feature_detection_needs_the_batch_methods():
 def test_the_batch_is_built_for_releases_that_require_the_kernel_block_sizes(monkeypatch):
     """vLLM 0.27 to 0.31's InputBatch requires `kernel_block_sizes`; 0.32's has no such argument.
     Without it the probe (and V1 conformance) was a tool failure on those releases."""
-    from mambafuzz.sim import v1_input_batch
+    from mambafuzz.sim.worker import v1_input_batch
 
     built = {}
 

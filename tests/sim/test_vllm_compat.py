@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from mambafuzz.exit_codes import EXIT_TOOL
-from mambafuzz.sim.vllm_compat import VllmUnsupported, features
-from mambafuzz.sim.vllm_compat.resolve import Missing, check_all, resolve
-from mambafuzz.sim.vllm_compat.symbols import OPTIONAL, SYMBOLS, Place
+from mambafuzz.sim.bridge.vllm_compat import VllmUnsupported, features
+from mambafuzz.sim.bridge.vllm_compat.resolve import Missing, check_all, resolve
+from mambafuzz.sim.bridge.vllm_compat.symbols import OPTIONAL, SYMBOLS, Place
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPAT = ROOT / "mambafuzz" / "sim" / "vllm_compat"
+COMPAT = ROOT / "mambafuzz" / "sim" / "bridge" / "vllm_compat"
 
 
 def _imports_vllm(tree: ast.AST) -> list[int]:
@@ -44,7 +44,7 @@ def test_only_the_compat_layer_imports_vllm():
             continue
         for line in _imports_vllm(ast.parse(path.read_text(), str(path))):
             offenders.append(f"{path.relative_to(ROOT)}:{line}")
-    assert not offenders, "import vLLM through mambafuzz.sim.vllm_compat.api instead: " + ", ".join(offenders)
+    assert not offenders, "import vLLM through mambafuzz.sim.bridge.vllm_compat.api instead: " + ", ".join(offenders)
 
 
 def test_the_scan_sees_every_form_of_import():
@@ -206,10 +206,10 @@ def test_version_names_both_and_the_vllm_path(tmp_path):
 _PROBE = """
 import dataclasses, importlib, json
 import vllm
-import mambafuzz.sim.vllm_bridge as vb
+from mambafuzz.sim.bridge import configs
 kvi = importlib.import_module("vllm.v1.kv_cache_interface")
 fields = {f.name for f in dataclasses.fields(kvi.MambaSpec)}
-print(json.dumps({"version": vllm.__version__, "file": vllm.__file__, "detected": vb.PREFILL_CHECKPOINTS,
+print(json.dumps({"version": vllm.__version__, "file": vllm.__file__, "detected": configs.PREFILL_CHECKPOINTS,
                   "has_function": hasattr(kvi, "get_mamba_prefill_checkpoint_position"),
                   "has_alignment": "prefill_checkpoint_alignment" in fields}))
 """

@@ -6,11 +6,11 @@ import sys
 from types import SimpleNamespace
 
 from mambafuzz.checks.oracle import slot_hash_poisoned
-from mambafuzz.sim.cache_audit import BlockAuditor
-from mambafuzz.sim.hash_book import HashBook
-from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
+from mambafuzz.sim.engine.cache_audit import BlockAuditor
+from mambafuzz.sim.engine.hash_book import HashBook
 from mambafuzz.sim.state import PrefixStates
-from mambafuzz.sim.worker_mirror import WorkerMirror
+from mambafuzz.sim.worker.kernel_model import KernelGeometry, KernelModel
+from mambafuzz.sim.worker.worker_mirror import WorkerMirror
 
 TRUTH = PrefixStates(list(range(1, 40)))
 
@@ -125,9 +125,9 @@ def test_the_hash_book_learns_nothing_from_a_request_with_no_more_hashes_than_it
 def test_importing_the_audit_plugin_imports_no_vllm():
     """The plugin is loaded by every vLLM process: its import may not pull vLLM or the bridge's
     module-level patches in; the step pieces load on the first audited step."""
-    code = ("import sys; import mambafuzz.engine_tier.audit_plugin, mambafuzz.sim.worker_mirror, mambafuzz.sim.cache_audit; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm' or m == 'mambafuzz.sim.vllm_bridge'"
-            " or m == 'mambafuzz.sim.kernel_model'))")
+    code = ("import sys; import mambafuzz.engine_tier.audit_plugin, mambafuzz.sim.worker.worker_mirror, mambafuzz.sim.engine.cache_audit; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm' or m in ('mambafuzz.sim.bridge.configs', 'mambafuzz.sim.bridge.scheduler_session')"
+            " or m == 'mambafuzz.sim.worker.kernel_model'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -137,7 +137,7 @@ def test_the_audit_plugin_judges_a_publication_with_the_oracles_predicate():
     does not cover is poisoned, as the oracle's slot_hash check says; a hash the bounded book
     no longer knows is counted, not judged."""
     from mambafuzz.engine_tier import audit_plugin
-    from mambafuzz.sim.vllm_compat.api import make_block_hash_with_group_id
+    from mambafuzz.sim.bridge.vllm_compat.api import make_block_hash_with_group_id
 
     book = HashBook(4)
     book.learn("r0", [b"a" * 32, b"b" * 32], TRUTH)

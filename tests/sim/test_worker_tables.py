@@ -1,4 +1,4 @@
-"""The worker's block tables are built from SchedulerOutput alone (mambafuzz/sim/worker_tables.py),
+"""The worker's block tables are built from SchedulerOutput alone (mambafuzz/sim/worker/worker_tables.py),
 as vLLM 0.32's workers build theirs, and a row that uses a block the scheduler swapped without
 telling is a `row-blocks-as-told` contract finding (harness.check_told_blocks)."""
 
@@ -8,9 +8,10 @@ import pytest
 
 from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.model.scenario import from_json
-from mambafuzz.sim import harness, patching
-from mambafuzz.sim import vllm_bridge as vb
-from mambafuzz.sim.worker_tables import UntoldRequest, WorkerTables
+from mambafuzz.sim import patching
+from mambafuzz.sim.bridge import scheduler_session
+from mambafuzz.sim.engine import harness
+from mambafuzz.sim.worker.worker_tables import UntoldRequest, WorkerTables
 from mambafuzz.tools.mutation import planting
 
 
@@ -125,6 +126,6 @@ RELOCATED = from_json({
 
 def test_a_stale_write_into_the_requests_own_relocated_scratch_block_is_not_a_finding(monkeypatch):
     assert signatures(RELOCATED) == []
-    monkeypatch.setattr(vb.SchedulerSession, "own_scratch", lambda self, rid, block: False)
+    monkeypatch.setattr(scheduler_session.SchedulerSession, "own_scratch", lambda self, rid, block: False)
     found = signatures(RELOCATED)
     assert found and found[0].endswith("|row-blocks-as-told"), found

@@ -11,7 +11,7 @@ import pytest
 from mambafuzz.checks.pipeline import evaluate as _evaluate
 from mambafuzz.findings import export_assertion
 from mambafuzz.model.scenario import ScenarioError
-from mambafuzz.sim.vllm_compat import VllmUnsupported
+from mambafuzz.sim.bridge.vllm_compat import VllmUnsupported
 from mambafuzz.store.corpus import load_case, split_key
 from tests.helpers.known import unexplained
 

@@ -16,7 +16,7 @@ from mambafuzz.checks import attribution
 from mambafuzz.findings import Violation
 from mambafuzz.model.scenario import Scenario
 from mambafuzz.search.triage import Filed, Triage
-from mambafuzz.sim.vllm_compat.about import vllm_version
+from mambafuzz.sim.bridge.vllm_compat.about import vllm_version
 
 MAX_REGAPS = 3  # larger gaps saved over a fine signature's first case, each minimized again
 

@@ -129,7 +129,8 @@ def cached_run(scenario, split: str, patches=()):
     """`scenario`'s cached run (its own runner) under `split` and `patches`: what the base runs for
     `observe` and `figures`, so both sides of a comparison are computed alike."""
     from mambafuzz.model.scenario import with_runner
-    from mambafuzz.sim import harness, patching, splits
+    from mambafuzz.sim import patching
+    from mambafuzz.sim.engine import harness, splits
 
     with patching.applied(patches):
         return harness.run(with_runner(scenario, None), splits.resolve(split), split)

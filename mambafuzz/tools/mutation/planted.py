@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mambafuzz.sim import splits
+from mambafuzz.sim.engine import splits
 from mambafuzz.sim.patching import SPLIT_TARGET, Patch, Rewrite, Wrap
 
 MUTANTS: dict[str, tuple[str, Callable[[], list[Patch]]]] = {}

@@ -233,7 +233,7 @@ def test_mambafuzz_mutant_plants_a_generated_mutant_in_a_fresh_process(group):
     module, qual = m.target.split(":")
     cls, fn = qual.split(".")
     owner = "HybridKVCacheCoordinator" if group == "coordinator" else cls
-    code = ("import mambafuzz.sim.vllm_bridge, mambafuzz.checks.pipeline, mambafuzz.search.target_runtime\n"
+    code = ("import mambafuzz.sim.bridge.scheduler_session, mambafuzz.checks.pipeline, mambafuzz.search.target_runtime\n"
             "from mambafuzz.tools.mutation import operators as mt\n"
             f"from {module} import {owner}\n"
             f"mutant = mt.compile_mutant(mt.find({m.id!r}))\n"

@@ -6,10 +6,10 @@ vLLM 0.32 has two GPU model runners; they feed the same builders different row f
 - V1: vllm/v1/worker/gpu_model_runner.py (+ vllm/v1/worker/mamba_utils.py);
 - V2: vllm/v1/worker/gpu/model_runner.py + vllm/v1/worker/gpu/model_states/mamba_hybrid.py.
 
-Which kernel a row then runs is the builder's decision (mambafuzz/sim/mixers.py). The state copies
+Which kernel a row then runs is the builder's decision (mambafuzz/sim/worker/mixers.py). The state copies
 (pre-copy into a new column, post-copy of a crossed boundary) have the same semantics in both
 runners (V2's fused kernels say they mirror V1's `preprocess_mamba`/`postprocess_mamba`), so
-they live once, in mambafuzz/sim/kernel_model.py.
+they live once, in mambafuzz/sim/worker/kernel_model.py.
 
 Each runner's rules are one class here, registered in `RULES` under its name in
 mambafuzz/model/runners.py; the kernel model asks `runner_rules` for them.
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from mambafuzz.model import runners
-from mambafuzz.sim import v1_accepted_probe
+from mambafuzz.sim.worker import v1_accepted_probe
 
 
 class RowFacts(NamedTuple):
@@ -41,7 +41,7 @@ class BuilderInputs(NamedTuple):
 
 
 class _ProbedV1Rule:
-    """A class attribute read from vLLM's own V1 InputBatch (mambafuzz/sim/v1_accepted_probe.py, cached
+    """A class attribute read from vLLM's own V1 InputBatch (mambafuzz/sim/worker/v1_accepted_probe.py, cached
     per patch state) instead of a constant."""
 
     def __get__(self, obj: object, owner: type) -> bool:
@@ -107,4 +107,4 @@ RULES: dict[str, type] = {V1Runner.name: V1Runner, V2Runner.name: V2Runner}
 def runner_rules(name: str) -> type:
     """The row-fact rules of the runner registered as `name`; an unknown name, or one without
     rules here, is a one-line UnknownRunner."""
-    return runners.part_of(RULES, name, "kernel-model rules", "mambafuzz.sim.runners.RULES")
+    return runners.part_of(RULES, name, "kernel-model rules", "mambafuzz.sim.worker.runners.RULES")

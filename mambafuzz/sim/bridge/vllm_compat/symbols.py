@@ -39,7 +39,7 @@ SYMBOLS: dict[str, tuple[Place, ...]] = {
     **_at("vllm.v1.core.block_pool", "BlockPool"),
     **_at("vllm.v1.core.kv_cache_manager", "KVCacheManager"),
     **_at(_KVI, "SlidingWindowSpec"),
-    # The architectures (mambafuzz/sim/architectures.py): each model class's own state-shape and dtype functions.
+    # The architectures (mambafuzz/sim/bridge/architectures.py): each model class's own state-shape and dtype functions.
     **_at("vllm.model_executor.layers.mamba.mamba_utils", "MambaStateDtypeCalculator"),
     **_at("vllm.model_executor.models.qwen3_next", "Qwen3NextForCausalLM"),
     **_at("vllm.model_executor.models.qwen3_5", "Qwen3_5MoeForCausalLM"),
@@ -86,7 +86,7 @@ SYMBOLS: dict[str, tuple[Place, ...]] = {
 # the bridge), the V1 accepted-count probe (features.has_v1_accepted_probe) and `conform --runner v1` use it.
 OPTIONAL = frozenset({"get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid", "EagleModelTypes",
                       "CachedRequestState", "InputBatch", "reorder_batch_to_split_decodes_and_prefills"})
-# Model classes whose state-shape functions mambafuzz/sim/architectures.py calls: resolved only when a scenario
+# Model classes whose state-shape functions mambafuzz/sim/bridge/architectures.py calls: resolved only when a scenario
 # names their architecture (importing them costs seconds, and one may not import on a CPU host).
 MODEL_CLASSES = frozenset({"Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM", "NemotronHForCausalLM",
                            "GraniteMoeHybridForCausalLM", "FalconH1ForCausalLM"})

@@ -1,7 +1,7 @@
 """The simulated model runner: which state each physical mamba block holds, step by step.
 
-The runner's row facts come from mambafuzz/sim/runners.py (one class per vLLM model runner) and the
-row's kernel path from mambafuzz/sim/mixers.py (one class per mixer family). This module applies them,
+The runner's row facts come from mambafuzz/sim/worker/runners.py (one class per vLLM model runner) and the
+row's kernel path from mambafuzz/sim/worker/mixers.py (one class per mixer family). This module applies them,
 and the worker-side rules both runners share (paths inside the installed `vllm`):
 
 - zeroing fresh blocks: `SchedulerOutput.new_block_ids_to_zero`, applied before anything else
@@ -18,7 +18,7 @@ and the worker-side rules both runners share (paths inside the installed `vllm`)
   block_size` for a request the worker does not know) differs from `curr`, copy
   `table[prev + num_accepted - 1]` into `table[curr]` and reset num_accepted to 1 (V1
   `preprocess_mamba`; V2 `precopy_mamba_align_fused_kernel`);
-- the forward: mambafuzz/sim/mixers.py SPEC (read column `curr + num_accepted - 1`, store the state after
+- the forward: mambafuzz/sim/worker/mixers.py SPEC (read column `curr + num_accepted - 1`, store the state after
   token t in column `curr + t`) or PREFILL (read `curr`, zeros when nothing is computed; store
   only the final state, drafts included, in `curr`); no state is stored at block boundaries
   inside a chunk;
@@ -37,10 +37,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from mambafuzz.sim.mixers import SPEC, mixer_rules
-from mambafuzz.sim.runners import RowFacts, runner_rules
+from mambafuzz.sim.bridge.vllm_compat.api import (
+    get_mamba_prefill_checkpoint_position,
+    is_mamba_prefill_checkpoint_valid,
+)
 from mambafuzz.sim.state import EMPTY, PrefixStates, State, next_token
-from mambafuzz.sim.vllm_compat.api import get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid
+from mambafuzz.sim.worker.mixers import SPEC, mixer_rules
+from mambafuzz.sim.worker.runners import RowFacts, runner_rules
 
 ZEROED = State(-1, 0)  # a freshly zeroed block: holds no state of any prefix
 UNSET = State(-2, 0)  # a block the model never saw written
@@ -218,7 +221,7 @@ class KernelModel:
     def is_spec_row(self, num_computed: int, num_scheduled: int, num_drafts: int, num_prompt_tokens: int,
                     prefill_len: int | None = None) -> bool:
         """Whether this row runs the multi-token (SPEC) kernel: the runner's row facts
-        (mambafuzz/sim/runners.py), classified by the mixer's metadata builder (mambafuzz/sim/mixers.py)."""
+        (mambafuzz/sim/worker/runners.py), classified by the mixer's metadata builder (mambafuzz/sim/worker/mixers.py)."""
         g = self.g
         facts = RowFacts(num_computed, num_scheduled, num_drafts, num_prompt_tokens,
                          num_prompt_tokens if prefill_len is None else prefill_len)

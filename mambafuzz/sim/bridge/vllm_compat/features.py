@@ -10,7 +10,7 @@ import inspect
 from functools import cache
 from typing import Any
 
-from mambafuzz.sim.vllm_compat.resolve import Missing
+from mambafuzz.sim.bridge.vllm_compat.resolve import Missing
 
 
 @cache
@@ -60,7 +60,7 @@ V1_BATCH_METHODS = ("add_request", "remove_request", "condense")
 
 def has_v1_accepted_probe(input_batch: object, cached_request_state: object) -> bool:
     """Whether Model Runner V1's persistent batch can be asked how it keeps a request's accepted-
-    token count across a skipped step (mambafuzz/sim/v1_accepted_probe.py): the V1 `InputBatch` and
+    token count across a skipped step (mambafuzz/sim/worker/v1_accepted_probe.py): the V1 `InputBatch` and
     `CachedRequestState` with the methods `_update_states` calls. Without them the kernel model
     falls back to the rule mirrored from vLLM 0.32 (a re-added request restarts at 1)."""
     return (isinstance(input_batch, type) and isinstance(cached_request_state, type)

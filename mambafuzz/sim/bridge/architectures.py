@@ -29,8 +29,8 @@ import torch
 
 from mambafuzz.model import architectures as registry
 from mambafuzz.model.architectures import ATTENTION, MAMBA, PARALLEL, SLIDING, Architecture
-from mambafuzz.sim.vllm_compat import api
-from mambafuzz.sim.vllm_compat.resolve import VllmUnsupported
+from mambafuzz.sim.bridge.vllm_compat import api
+from mambafuzz.sim.bridge.vllm_compat.resolve import VllmUnsupported
 
 MODEL_DTYPE = torch.bfloat16  # the published checkpoints' torch_dtype
 # The smallest kernel block FlashAttention takes (its `get_supported_kernel_block_sizes`: MultipleOf(16)),
@@ -115,7 +115,7 @@ def layer_names(arch: Architecture, mtp_layers: int) -> list[tuple[str, str]]:
 def layer_specs(name: str, attn_block: int, mamba_block: int, caching: bool, spec_blocks: int,
                 checkpoint_blocks: int, checkpoint_alignment: int | None, mamba_kwargs_fit) -> dict:
     """Every KV-cache layer of `name` and its spec, pages padded to one size. `mamba_kwargs_fit` fits the
-    MambaSpec keywords to the installed release (vllm_bridge's features.fit_kwargs)."""
+    MambaSpec keywords to the installed release (vllm_compat's features.fit_kwargs)."""
     arch = registry.get(name)
     shapes, dtypes, _ = mamba_state(name, spec_blocks)
     attn_kwargs = dict(block_size=attn_block, num_kv_heads=arch.num_kv_heads, head_size=arch.head_dim,

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mambafuzz.sim import vllm_bridge as vb
-from mambafuzz.sim.vllm_compat.api import (
+from mambafuzz.sim.bridge import scheduler_session
+from mambafuzz.sim.bridge.vllm_compat.api import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
@@ -69,7 +69,7 @@ class ScenarioConnectorMetadata(KVConnectorMetadata):
 
 def scripted_hits(scenario: Any, request_ids: list[str]) -> dict[str, ExternalHit]:
     """The connector's plan for a scenario: each request's claimed external tokens (one place, for
-    the harness and the model-less loops of mambafuzz.sim.constant_worker)."""
+    the harness and the model-less loops of mambafuzz.sim.worker.constant_worker)."""
     return {rid: ExternalHit(r.external_tokens, r.external_async)
             for rid, r in zip(request_ids, scenario.requests) if r.external_tokens}
 
@@ -144,7 +144,7 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         if self.save_requests and self.offloads is not None:
-            offloads = vb.boundary_state_offloads(scheduler_output)
+            offloads = scheduler_session.boundary_state_offloads(scheduler_output)
             if offloads is None:
                 self.offloads = None
             else:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mambafuzz.sim.vllm_compat.output import resumed_req_ids
+from mambafuzz.sim.bridge.vllm_compat.output import resumed_req_ids
 
 
 @dataclass

@@ -21,9 +21,9 @@ from typing import Any
 
 from mambafuzz.model.scenario import Scenario
 from mambafuzz.model.step_plan import propose_drafts
-from mambafuzz.sim.connector import scripted_hits
-from mambafuzz.sim.engine_core import Batch, BatchQueue
-from mambafuzz.sim.vllm_compat.output import resumed_req_ids
+from mambafuzz.sim.bridge.vllm_compat.output import resumed_req_ids
+from mambafuzz.sim.engine.connector import scripted_hits
+from mambafuzz.sim.engine.engine_core import Batch, BatchQueue
 
 CONST_TOKEN = 7
 

@@ -1,7 +1,7 @@
 """What the GPU worker does with one SchedulerOutput, replayed on kernel models.
 
 scheduler output (+ the model runner's answer) -> (this module) -> kernel models.  The harness
-(mambafuzz/sim/harness.py, reading through mambafuzz.sim.vllm_bridge's SchedulerSession) and the runtime audit
+(mambafuzz/sim/engine/harness.py, reading through mambafuzz.sim.bridge.scheduler_session's SchedulerSession) and the runtime audit
 plugin (mambafuzz/engine_tier/audit_plugin.py, reading a live Scheduler) both apply a step through
 it, so the two cannot drift apart.  Callers hand over plain data: request ids, block tables,
 token counts and the request's truth (mambafuzz.sim.state.PrefixStates).
@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from mambafuzz.sim.vllm_compat.output import resumed_req_ids
+from mambafuzz.sim.bridge.vllm_compat.output import resumed_req_ids
 
 if TYPE_CHECKING:
-    from mambafuzz.sim.kernel_model import KernelModel, RowRead, RowResult
     from mambafuzz.sim.state import PrefixStates, State
+    from mambafuzz.sim.worker.kernel_model import KernelModel, RowRead, RowResult
 
 
 def dropped_requests(out: Any) -> set[str]:

@@ -18,9 +18,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from mambafuzz.sim.vllm_compat import VllmUnsupported
-from mambafuzz.sim.vllm_compat.api import get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid
-from mambafuzz.sim.vllm_compat.resolve import Missing, describe_vllm
+from mambafuzz.sim.bridge.vllm_compat import VllmUnsupported
+from mambafuzz.sim.bridge.vllm_compat.api import (
+    get_mamba_prefill_checkpoint_position,
+    is_mamba_prefill_checkpoint_valid,
+)
+from mambafuzz.sim.bridge.vllm_compat.resolve import Missing, describe_vllm
 
 SplitFn = Callable[..., int]
 

@@ -1,5 +1,5 @@
 """Reading a SchedulerOutput whose shape differs by release, without importing vLLM (the runtime
-audit plugin reads one inside a serving vLLM through mambafuzz/sim/worker_mirror.py)."""
+audit plugin reads one inside a serving vLLM through mambafuzz/sim/worker/worker_mirror.py)."""
 
 from __future__ import annotations
 

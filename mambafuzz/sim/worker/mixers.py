@@ -1,6 +1,6 @@
 """Which kernel path a row takes, per mixer family: the metadata builder's classification.
 
-Two paths matter for what a forward reads and writes (mambafuzz/sim/kernel_model.py runs them):
+Two paths matter for what a forward reads and writes (mambafuzz/sim/worker/kernel_model.py runs them):
 
 - SPEC: the multi-token decode kernel. It starts from column `num_accepted - 1` of the row's
   state indices and stores the state after token t in column t. No initial-state mask: a
@@ -21,7 +21,7 @@ Two paths matter for what a forward reads and writes (mambafuzz/sim/kernel_model
 
 from __future__ import annotations
 
-from mambafuzz.sim.runners import BuilderInputs
+from mambafuzz.sim.worker.runners import BuilderInputs
 
 SPEC = "spec"
 PREFILL = "prefill"

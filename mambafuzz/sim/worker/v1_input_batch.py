@@ -1,6 +1,6 @@
 """Building vLLM's real Model Runner V1 persistent batch (`InputBatch`, gpu_input_batch.py) on
 CPU, and the per-request state it is fed (`CachedRequestState`). Shared by the conformance tier
-(mambafuzz/conform/v1.py) and the accepted-count probe (mambafuzz/sim/v1_accepted_probe.py), so both call
+(mambafuzz/conform/v1.py) and the accepted-count probe (mambafuzz/sim/worker/v1_accepted_probe.py), so both call
 the same constructor the same way."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from mambafuzz.sim.vllm_compat.api import CachedRequestState, InputBatch, SamplingParams
-from mambafuzz.sim.vllm_compat.features import init_params
+from mambafuzz.sim.bridge.vllm_compat.api import CachedRequestState, InputBatch, SamplingParams
+from mambafuzz.sim.bridge.vllm_compat.features import init_params
 
 CPU = torch.device("cpu")
 

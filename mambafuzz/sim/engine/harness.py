@@ -3,8 +3,8 @@ model standing in for the GPU, and record a Trace.
 
 scenario -> (this module) -> trace -> oracle.  The harness judges nothing itself.  It plays
 the engine core and the model runner: StepPlan says what arrives and is aborted when,
-mambafuzz.sim.worker_mirror applies each SchedulerOutput to the kernel model as the worker would (the
-runtime audit plugin applies it through the same code), and mambafuzz.sim.cache_audit describes every
+mambafuzz.sim.worker.worker_mirror applies each SchedulerOutput to the kernel model as the worker would (the
+runtime audit plugin applies it through the same code), and mambafuzz.sim.engine.cache_audit describes every
 published mamba block; this module turns their results into the trace and answers the
 scheduler with greedy tokens and drafts.
 """
@@ -23,17 +23,17 @@ from typing import Any
 from mambafuzz.exit_codes import ToolError, one_line
 from mambafuzz.model.scenario import VOCAB_SIZE, Scenario, ScenarioError, ample_pool_blocks
 from mambafuzz.model.step_plan import BOUND, StepPlan
-from mambafuzz.sim import vllm_bridge as vb
-from mambafuzz.sim.cache_audit import BlockAuditor
-from mambafuzz.sim.connector import scripted_hits
-from mambafuzz.sim.engine_core import Batch, BatchQueue
-from mambafuzz.sim.hash_book import HashBook
-from mambafuzz.sim.kernel_model import KernelGeometry, KernelModel
+from mambafuzz.sim.bridge import configs, scheduler_session
+from mambafuzz.sim.bridge.vllm_compat import VllmUnsupported
+from mambafuzz.sim.engine.cache_audit import BlockAuditor
+from mambafuzz.sim.engine.connector import scripted_hits
+from mambafuzz.sim.engine.engine_core import Batch, BatchQueue
+from mambafuzz.sim.engine.hash_book import HashBook
 from mambafuzz.sim.state import PrefixStates, next_token
 from mambafuzz.sim.trace import Admission, BatchEvent, Chunk, Crash, SlotWrite, StepRecord, Trace
-from mambafuzz.sim.vllm_compat import VllmUnsupported
-from mambafuzz.sim.worker_mirror import WorkerMirror, accepted_count, extend_truth
-from mambafuzz.sim.worker_tables import UntoldRequest, WorkerTables
+from mambafuzz.sim.worker.kernel_model import KernelGeometry, KernelModel
+from mambafuzz.sim.worker.worker_mirror import WorkerMirror, accepted_count, extend_truth
+from mambafuzz.sim.worker.worker_tables import UntoldRequest, WorkerTables
 
 
 @dataclass
@@ -208,7 +208,7 @@ def _on_alarm(signum, frame):
     raise _WallClockExceeded()
 
 
-def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "fixed",
+def run(scenario: Scenario, split: scheduler_session.SplitFn | None = None, split_name: str = "fixed",
         prefix_caching: bool = True, timeout: float | None = None) -> Trace:
     """Run `scenario` once; `split` replaces Scheduler._mamba_block_aligned_split if given.
 
@@ -227,8 +227,8 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
                   token_budget=engine.max_num_batched_tokens,
                   long_prefill_threshold=engine.long_prefill_token_threshold)
     try:
-        session = vb.SchedulerSession(engine, num_blocks, scenario.max_model_len(), split, scenario.uses_connector)
-    except vb.ConfigRejected as exc:
+        session = scheduler_session.SchedulerSession(engine, num_blocks, scenario.max_model_len(), split, scenario.uses_connector)
+    except configs.ConfigRejected as exc:
         raise ScenarioError([str(exc)]) from None
     except VllmUnsupported:
         raise
@@ -265,7 +265,7 @@ def run(scenario: Scenario, split: vb.SplitFn | None = None, split_name: str = "
 
 
 class _Runner:
-    def __init__(self, scenario: Scenario, plan: StepPlan, session: vb.SchedulerSession, trace: Trace,
+    def __init__(self, scenario: Scenario, plan: StepPlan, session: scheduler_session.SchedulerSession, trace: Trace,
                  prefix_caching: bool, deadline: float = float("inf")):
         self.deadline = deadline
         self.s = scenario
@@ -367,7 +367,7 @@ class _Runner:
             raise
         except SchedulerContractError as exc:
             self.trace.crash = exc.crash(step)
-        except vb.NoSchedulerOutput as exc:
+        except scheduler_session.NoSchedulerOutput as exc:
             self.trace.crash = SchedulerContractError(SCHEDULE_RETURNS_OUTPUT, str(exc)).crash(step)
         except Exception as exc:
             self.trace.crash = _crash_or_tool_error(exc, step)
@@ -385,7 +385,7 @@ class _Runner:
                 self.trace.unfinished.append(rid)
 
     def _engine_step(self, step: int) -> None:
-        """One engine-core step (mambafuzz.sim.engine_core.BatchQueue): take the input queue, then
+        """One engine-core step (mambafuzz.sim.engine.engine_core.BatchQueue): take the input queue, then
         `EngineCore.step` (schedule, forward, apply) or, under async scheduling,
         `EngineCore.step_with_batch_queue` (schedule and start the forward while the queue has
         room, else apply the oldest batch's output)."""
@@ -612,7 +612,7 @@ class _Runner:
         if recv_new:
             for rid in sorted(recv_new):
                 req = session.request(rid)
-                if rid not in failed and req is not None and vb.is_waiting_for_remote_kv(req):
+                if rid not in failed and req is not None and scheduler_session.is_waiting_for_remote_kv(req):
                     self._connector_load(rec, rid, req.num_computed_tokens, recv_new[rid])
             rec.recv_done = sorted(recv_new)
         batch.recv_done = set(recv_new)
@@ -654,7 +654,7 @@ class _Runner:
     def _running(self, rid: str) -> bool:
         """Arrived and not finished."""
         live = self.live.get(rid)
-        return live is not None and live.req.status not in vb.FINISHED_STATUSES  # `not is_finished()`
+        return live is not None and live.req.status not in scheduler_session.FINISHED_STATUSES  # `not is_finished()`
 
     def _recv_progress(self, rec: StepRecord, new: dict) -> tuple[dict, set[str]]:
         """One forward of the async loads in flight: `new` (this step's orders) start with
@@ -698,7 +698,7 @@ class _Runner:
         c = self.connector
         if c.offloads is None:
             c.offloads = []  # said once per run
-            self.trace.connector_events.append((rec.step, "save-unsupported", "-", vb.NO_BOUNDARY_STATE_OFFLOADS))
+            self.trace.connector_events.append((rec.step, "save-unsupported", "-", scheduler_session.NO_BOUNDARY_STATE_OFFLOADS))
             c.save_requests = False
             return
         if not c.offloads:
@@ -876,7 +876,7 @@ class _Runner:
         learned = self.book.learned  # a request with no more hashes than learned has nothing new
         aborted_now = rec.aborts
         propose = self.spec and not self.async_mode
-        finished = vb.FINISHED_STATUSES  # `req.status in finished` is `req.is_finished()`
+        finished = scheduler_session.FINISHED_STATUSES  # `req.status in finished` is `req.is_finished()`
         for rid, live in self.live.items():
             if rid in done:
                 if learn and aborted_now and rid in aborted_now:
@@ -971,7 +971,7 @@ class _Runner:
         describe = self.auditor.entry
         for key, block in pairs:
             new = (key, block.block_id) not in known
-            entry = vb.SchedulerSession.mamba_entry(key, block)
+            entry = scheduler_session.SchedulerSession.mamba_entry(key, block)
             if new:
                 self.trace.hashed_snapshots += 1
             rec.add("cache", describe(entry.block_hash, entry.block_id, entry.primary, entry.claimed_tokens, new))

@@ -48,7 +48,7 @@ def enabled() -> bool:
     where vLLM uses Triton anyway)."""
     import triton
 
-    from mambafuzz.sim.vllm_compat.api import triton_utils_module as tu
+    from mambafuzz.sim.bridge.vllm_compat.api import triton_utils_module as tu
 
     return tu.triton is triton
 
@@ -75,7 +75,7 @@ def enable(reimport_stale: bool = False) -> None:
         import triton
         import triton.language as tl
 
-        from mambafuzz.sim.vllm_compat.api import triton_utils_module as tu
+        from mambafuzz.sim.bridge.vllm_compat.api import triton_utils_module as tu
 
         if tu.triton is triton:
             return

@@ -15,8 +15,8 @@ from mambafuzz.sim.state import State
 from mambafuzz.sim.trace import CacheEntry
 
 if TYPE_CHECKING:
-    from mambafuzz.sim.hash_book import HashBook
-    from mambafuzz.sim.kernel_model import KernelModel
+    from mambafuzz.sim.engine.hash_book import HashBook
+    from mambafuzz.sim.worker.kernel_model import KernelModel
 
 _tuple_new = tuple.__new__
 

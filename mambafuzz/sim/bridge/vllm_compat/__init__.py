@@ -1,4 +1,4 @@
-"""The only door to vLLM. Every other module imports vLLM names from `mambafuzz.sim.vllm_compat.api`,
+"""The only door to vLLM. Every other module imports vLLM names from `mambafuzz.sim.bridge.vllm_compat.api`,
 which finds each one wherever the installed release keeps it (`symbols.py`), so a release that
 moves or drops something fails in one place with one line (`VllmUnsupported`), not with an
 ImportError deep inside the fuzzer."""

@@ -7,15 +7,15 @@ import importlib.metadata
 import tomllib
 from pathlib import Path
 
-from mambafuzz.sim.vllm_compat import VllmUnsupported
-from mambafuzz.sim.vllm_compat.resolve import resolve
+from mambafuzz.sim.bridge.vllm_compat import VllmUnsupported
+from mambafuzz.sim.bridge.vllm_compat.resolve import resolve
 
 
 def mambafuzz_version() -> str:
     try:
         return importlib.metadata.version("mambafuzz")
     except importlib.metadata.PackageNotFoundError:  # run from a checkout on PYTHONPATH
-        pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+        pyproject = Path(__file__).resolve().parents[4] / "pyproject.toml"
         try:
             return tomllib.loads(pyproject.read_text())["project"]["version"]
         except (OSError, KeyError, tomllib.TOMLDecodeError):

@@ -3,7 +3,7 @@
 V1's `_update_states` (gpu_model_runner.py:1227-1233) drops every request not scheduled this
 step from the persistent batch and re-adds it when it returns; vLLM 0.32's
 `InputBatch.add_request` (gpu_input_batch.py:479) then restarts its `num_accepted_tokens_cpu` at
-1. Instead of a constant, the kernel model (mambafuzz/sim/runners.py) asks the installed `InputBatch`:
+1. Instead of a constant, the kernel model (mambafuzz/sim/worker/runners.py) asks the installed `InputBatch`:
 build a tiny one on CPU, add a request, set its accepted count, drop and re-add it as
 `_update_states` does, read the count back. A patch of those methods (a candidate fix, a
 planted bug) therefore changes the harness's verdict.
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mambafuzz.sim.vllm_compat import VllmUnsupported
-from mambafuzz.sim.vllm_compat.features import V1_BATCH_METHODS, has_v1_accepted_probe
+from mambafuzz.sim.bridge.vllm_compat import VllmUnsupported
+from mambafuzz.sim.bridge.vllm_compat.features import V1_BATCH_METHODS, has_v1_accepted_probe
 
 MIRRORED_RESET = True  # vLLM 0.32's V1 rule, used when the probe cannot run
 PROBE_ACCEPTED = 2  # what postprocess_mamba leaves after a step that kept one draft in-block
@@ -32,7 +32,7 @@ def _probed() -> tuple[Any, ...] | None:
     """The functions the probe calls, as installed now (their identities key the cache); None when
     this vLLM has no V1 batch to ask."""
     try:
-        from mambafuzz.sim.vllm_compat import api
+        from mambafuzz.sim.bridge.vllm_compat import api
 
         batch, state = api.InputBatch, api.CachedRequestState
     except VllmUnsupported:
@@ -63,7 +63,7 @@ def _identity(fn: Any, depth: int = 0) -> Any:
 def probe_keeps_accepted() -> bool:
     """Run vLLM's V1 InputBatch through one skipped step: True when a re-added request keeps the
     accepted count it had when it was dropped."""
-    from mambafuzz.sim.v1_input_batch import cached_request, greedy_sampling, new_input_batch
+    from mambafuzz.sim.worker.v1_input_batch import cached_request, greedy_sampling, new_input_batch
 
     global probe_runs
     probe_runs += 1

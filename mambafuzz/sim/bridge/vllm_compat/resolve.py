@@ -8,8 +8,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from mambafuzz.sim.vllm_compat import VllmUnsupported
-from mambafuzz.sim.vllm_compat.symbols import ENGINE_TIER, MODEL_CLASSES, OPTIONAL, SYMBOLS, Place
+from mambafuzz.sim.bridge.vllm_compat import VllmUnsupported
+from mambafuzz.sim.bridge.vllm_compat.symbols import ENGINE_TIER, MODEL_CLASSES, OPTIONAL, SYMBOLS, Place
 
 Importer = Callable[[str], ModuleType]
 

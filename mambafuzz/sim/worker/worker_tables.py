@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mambafuzz.model import runners as model_runners
-from mambafuzz.sim.vllm_compat.output import resumed_req_ids
+from mambafuzz.sim.bridge.vllm_compat.output import resumed_req_ids
 
 
 class UntoldRequest(Exception):
