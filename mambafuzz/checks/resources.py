@@ -3,8 +3,8 @@ than the cache held, holds more blocks than vLLM promised at start-up, or whose 
 miscounts is a finding even when every state it computes is right.
 
 Each check is a pure function of the traces (the harness records the facts:
-`Trace.prompts`, `lru_evictions`, `pool`, `alone`, `held_at_end`; mambafuzz/sim/engine/harness.py
-`_pool_facts`) and is registered as an oracle in mambafuzz/findings.py. Every rule names the
+`Trace.prompts`, `lru_evictions`, `pool`, `alone`, `held_at_end`; mambafuzz/sim/engine/harness.py and
+pool_facts.py) and is registered as an oracle in mambafuzz/findings.py. Every rule names the
 vLLM 0.32 source it comes from (vllm/v1/core/...), and the test of vLLM's own suite
 (tests/v1/core) that asserts it for its inputs; docs/ORACLES.md lists them.
 """

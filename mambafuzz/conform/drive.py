@@ -23,7 +23,7 @@ from mambafuzz.model.scenario import Scenario, ample_pool_blocks
 from mambafuzz.model.step_plan import StepPlan
 from mambafuzz.sim.bridge import scheduler_session
 from mambafuzz.sim.engine.engine_core import BatchQueue
-from mambafuzz.sim.engine.harness import vllm_frame
+from mambafuzz.sim.engine.worker_contract import vllm_frame
 from mambafuzz.sim.worker.constant_worker import ConstantWorker
 from mambafuzz.sim.worker.worker_tables import WorkerTables
 

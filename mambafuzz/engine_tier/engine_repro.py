@@ -91,7 +91,7 @@ def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> R
             out.schedule.append({_external(k): v for k, v in log[-1].items()} if len(log) > before else {})
             step += 1
     except Exception as exc:  # vLLM raised while serving: the engine is no longer trustworthy
-        from mambafuzz.sim.engine.harness import vllm_frame
+        from mambafuzz.sim.engine.worker_contract import vllm_frame
 
         out.crash = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]} at {vllm_frame(exc)} (step {step})"
     out.steps = step

@@ -5,6 +5,8 @@ prefix segments plus a unique tail, so that prefix-cache hits happen naturally; 
 are derived from `token_seed`, so a scenario file stays small and readable.
 
 Everything downstream (decoder, strategies, minimizer, harness) speaks this model only.
+It stays one module of more than 600 lines on purpose: a knob's declaration, its JSON form and
+its validation rule are read and changed together, and every layer imports them from here.
 """
 
 from __future__ import annotations

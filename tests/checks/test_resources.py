@@ -115,7 +115,7 @@ def test_lru_evictions_are_counted_as_the_pool_makes_them(monkeypatch):
 
 def test_a_count_fault_on_a_step_that_keeps_the_free_count_is_seen_by_the_next_walk(monkeypatch):
     """The pool is walked after each step that moved its free count and every 8th step
-    (harness._pool_facts). A negative count planted on a free block during a decode, which moves no
+    (pool_facts.PoolFacts). A negative count planted on a free block during a decode, which moves no
     block in or out of the free queue, is reported from the next walk, at most 7 steps later."""
     from mambafuzz.sim.bridge import scheduler_session
 

@@ -9,7 +9,8 @@ import pytest
 from mambafuzz.checks.oracle import judge
 from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ScenarioError, from_json
-from mambafuzz.sim.engine import harness
+from mambafuzz.sim.engine import harness, worker_contract
+from mambafuzz.sim.engine.connector import ConnectorWorker
 from tests.helpers.known import unexplained
 
 # The engine both saving scenarios run on: 64-token blocks and budget, synchronous, a connector
@@ -170,7 +171,7 @@ def test_a_hand_off_off_the_hash_grid_breaks_the_scheduler_contract(monkeypatch)
     monkeypatch.setattr(scheduler_session, "boundary_state_offloads",
                         lambda out: [(r, g, b, t - 1) for r, g, b, t in (real(out) or [])])
     trace = harness.run(offload_scenario())
-    assert trace.crash is not None and trace.crash.contract == harness.OFFLOAD_ON_HASH_GRID, trace.crash
+    assert trace.crash is not None and trace.crash.contract == worker_contract.OFFLOAD_ON_HASH_GRID, trace.crash
     assert events(trace, "save") == []
 
 
@@ -314,16 +315,16 @@ def test_each_mamba_group_saves_and_loads_its_own_state(monkeypatch):
     """A store keeps every group's layers: a hand-off block that holds a wrong state in the second
     mamba group only reaches r4's second group, where its read is caught; the first group's load
     (the trace's) stays right. Saving the first group's state for every group would hide it."""
-    original = harness._Runner._save_offloads
+    original = ConnectorWorker.save_offloads
 
-    def second_group_poisoned(self, rec, out):
+    def second_group_poisoned(self, step, out, live, models):
         groups = self.session.mamba_groups
         for rid, group, block, tokens in self.connector.offloads or ():
-            if group == groups[1] and rid in self.live:
-                self.mirror.models[1].held[block] = self.live[rid].truth.at(tokens - 1)
-        original(self, rec, out)
+            if group == groups[1] and rid in live:
+                models[1].held[block] = live[rid].truth.at(tokens - 1)
+        original(self, step, out, live, models)
 
-    monkeypatch.setattr(harness._Runner, "_save_offloads", second_group_poisoned)
+    monkeypatch.setattr(ConnectorWorker, "save_offloads", second_group_poisoned)
     trace = harness.run(offload_scenario())
     assert [e for e in events(trace, "save-group") if e[2] == "r0"]  # the second group's differing save is told
     chunk = first_chunk(trace, "r4")

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from mambafuzz.checks.pipeline import evaluate
-from mambafuzz.sim.engine import harness, splits
+from mambafuzz.sim.engine import harness, splits, worker_contract
 from tests.conftest import first_chunk_scenario, shared_prefix_scenario
 
 
@@ -79,7 +79,7 @@ def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
     from types import SimpleNamespace
 
     from mambafuzz.sim.engine.cache_audit import BlockAuditor
-    from mambafuzz.sim.engine.harness import _Runner
+    from mambafuzz.sim.engine.cache_scan import CacheScan
     from mambafuzz.sim.engine.hash_book import HashBook
     from mambafuzz.sim.state import PrefixStates
     from mambafuzz.sim.trace import StepRecord, Trace
@@ -88,27 +88,23 @@ def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
     truth = PrefixStates(list(range(1, 20)))
     key = b"h" * 32 + bytes(4)  # a block hash plus the 4-byte group id vLLM appends
     block = SimpleNamespace(block_id=7, block_hash=key, block_hash_num_tokens=8)
-    runner = object.__new__(_Runner)
-    runner.live, runner.known_entries = {}, set()
-    runner._scanned, runner._scanned_blocks, runner._scanned_version = [], set(), -1
-    runner.s = SimpleNamespace(engine=SimpleNamespace(mamba_block_size=8))
-    runner.trace = Trace(split="fixed", prefix_caching=True)
+    trace = Trace(split="fixed", prefix_caching=True)
     keys_version = [0]  # unchanged after the first step: the audit works from its last scan
-    runner.session = SimpleNamespace(cached_mamba_blocks=lambda: iter([(key, block)]),
-                                     cache_keys_version=lambda: keys_version[0],
-                                     take_added_mamba_keys=lambda: None)
-    runner.book = HashBook(8)
-    runner.book.truth[key[:-4]] = ("r0", truth.at(8))
-    runner.model = KernelModel(KernelGeometry(block_size=8, hash_block_size=8, checkpoint_alignment=None,
-                                              cache_hit_alignment_tokens=8, drop_eagle_block=False,
-                                              null_block_id=0, vocab_size=1024))
-    runner.auditor = BlockAuditor(runner.book, runner.model, 8)
+    session = SimpleNamespace(cached_mamba_blocks=lambda: iter([(key, block)]),
+                              cache_keys_version=lambda: keys_version[0],
+                              take_added_mamba_keys=lambda: None)
+    book = HashBook(8)
+    book.truth[key[:-4]] = ("r0", truth.at(8))
+    model = KernelModel(KernelGeometry(block_size=8, hash_block_size=8, checkpoint_alignment=None,
+                                       cache_hit_alignment_tokens=8, drop_eagle_block=False,
+                                       null_block_id=0, vocab_size=1024))
+    scan = CacheScan(session, BlockAuditor(book, model, 8), trace)
 
     def step(write=None):
         if write is not None:
-            runner.model.load_external([7], 8, write)
+            model.load_external([7], 8, write)
         rec = StepRecord(0)
-        runner._audit_cache(rec)
+        scan.step(rec)
         return [(e.new, e.held) for e in rec.cache]
 
     assert step(truth.at(8)) == [(True, truth.at(8))]  # published, correct
@@ -117,7 +113,7 @@ def test_the_cache_audit_rejudges_a_published_block_when_it_is_written_again():
     keys_version[0] += 1  # some mamba key came or went: a full scan, the entry is still known
     assert step() == []
     assert step(truth.at(8)) == [(False, truth.at(8))]
-    assert runner.trace.hashed_snapshots == 1
+    assert trace.hashed_snapshots == 1
 
 
 def test_the_cache_audit_between_key_changes_records_what_a_full_scan_every_step_records(monkeypatch):
@@ -236,7 +232,7 @@ def test_a_cache_change_the_counter_misses_is_a_tool_failure_not_a_clean_run(mon
     from mambafuzz.sim.bridge import scheduler_session
 
     monkeypatch.setattr(scheduler_session.SchedulerSession, "cache_keys_version", lambda self: 0)
-    with pytest.raises(harness.HarnessError, match="cache_keys_version"):
+    with pytest.raises(worker_contract.HarnessError, match="cache_keys_version"):
         harness.run(shared_prefix_scenario())
 
 
@@ -253,9 +249,9 @@ def test_an_exception_of_the_harness_itself_is_a_tool_error_not_a_vllm_crash(mon
         raise IndexError("simulated harness bug")
 
     monkeypatch.setattr(KernelModel, "run_rows", broken)  # the harness's rows go through run_rows
-    with pytest.raises(harness.HarnessError, match="the harness itself raised IndexError: simulated harness bug"):
+    with pytest.raises(worker_contract.HarnessError, match="the harness itself raised IndexError: simulated harness bug"):
         harness.run(first_chunk_scenario())
-    assert issubclass(harness.HarnessError, ToolError)
+    assert issubclass(worker_contract.HarnessError, ToolError)
 
 
 def test_a_worker_keeps_the_input_counts_a_tool_error_and_goes_on(monkeypatch, tmp_path, capsys):
@@ -285,26 +281,25 @@ def test_each_rule_of_vllms_row_contract_is_checked_by_name_before_the_harness_u
     ours: a negative count, drafts with no token to verify them, a table without the state block."""
     import pytest
 
-    from mambafuzz.sim.engine import harness
 
     block = 16
     broken = [  # (start, tokens, drafts, request tokens, table, block size), the rule it breaks
-        ((-1, 4, 0, 10, [7], block), harness.ROW_WITHIN_TOKENS),
-        ((8, 4, 0, 10, [7], block), harness.ROW_WITHIN_TOKENS),
-        ((10, 2, 2, 10, [7], block), harness.ROW_VERIFIES_DRAFTS),
-        ((16, 4, 0, 40, [7], block), harness.ROW_STATE_IN_TABLE),
-        ((0, 1, 0, 1, [], None), harness.ROW_STATE_IN_TABLE),
-        ((0, 4.0, 0, 10, [7], block), harness.ROW_COUNTS_ARE_INTEGERS),  # a split that divided with `/`
-        ((0.0, 4, 0, 10, [7], block), harness.ROW_COUNTS_ARE_INTEGERS),
+        ((-1, 4, 0, 10, [7], block), worker_contract.ROW_WITHIN_TOKENS),
+        ((8, 4, 0, 10, [7], block), worker_contract.ROW_WITHIN_TOKENS),
+        ((10, 2, 2, 10, [7], block), worker_contract.ROW_VERIFIES_DRAFTS),
+        ((16, 4, 0, 40, [7], block), worker_contract.ROW_STATE_IN_TABLE),
+        ((0, 1, 0, 1, [], None), worker_contract.ROW_STATE_IN_TABLE),
+        ((0, 4.0, 0, 10, [7], block), worker_contract.ROW_COUNTS_ARE_INTEGERS),  # a split that divided with `/`
+        ((0.0, 4, 0, 10, [7], block), worker_contract.ROW_COUNTS_ARE_INTEGERS),
     ]
     for args, rule in broken:
-        with pytest.raises(harness.SchedulerContractError) as raised:
-            harness.check_row("r0", *args)
+        with pytest.raises(worker_contract.SchedulerContractError) as raised:
+            worker_contract.check_row("r0", *args)
         assert raised.value.contract == rule, args
         assert raised.value.crash(3).contract == rule
-    harness.check_row("r0", 16, 4, 0, 40, [7, 8], block)
-    harness.check_row("r0", 16, 4, 0, 40, [7], None)  # prefix caching off: the state lives in column 0
-    harness.check_row("r0", 9, 3, 2, 10, [7], block)  # one real token, then two drafts
+    worker_contract.check_row("r0", 16, 4, 0, 40, [7, 8], block)
+    worker_contract.check_row("r0", 16, 4, 0, 40, [7], None)  # prefix caching off: the state lives in column 0
+    worker_contract.check_row("r0", 9, 3, 2, 10, [7], block)  # one real token, then two drafts
 
 
 def _short_tables(monkeypatch, rid: str) -> None:
@@ -327,8 +322,8 @@ def test_a_row_whose_state_block_is_not_in_its_table_is_a_contract_finding_throu
     assert harness.run(shared_prefix_scenario(), prefix_caching=prefix_caching).crash is None
     _short_tables(monkeypatch, "r1")
     crash = harness.run(shared_prefix_scenario(), prefix_caching=prefix_caching).crash
-    assert isinstance(crash, Crash) and crash.contract == harness.ROW_STATE_IN_TABLE, crash
-    assert crash.vllm_frame == harness.SCHEDULER_OUTPUT and crash.step >= 6 and "r1 is scheduled up to token" in crash.message
+    assert isinstance(crash, Crash) and crash.contract == worker_contract.ROW_STATE_IN_TABLE, crash
+    assert crash.vllm_frame == worker_contract.SCHEDULER_OUTPUT and crash.step >= 6 and "r1 is scheduled up to token" in crash.message
 
 
 @pytest.mark.parametrize("scheduling", ["sync", "async"])
@@ -363,8 +358,8 @@ def test_a_row_whose_counts_are_not_ints_is_a_contract_finding_through_a_run(mon
     assert harness.run(scenario).crash is None
     monkeypatch.setattr(scheduler_session.SchedulerSession, "schedule", broken_schedule)
     crash = harness.run(scenario).crash
-    assert crash is not None and crash.contract == harness.ROW_COUNTS_ARE_INTEGERS, crash
-    assert crash.vllm_frame == harness.SCHEDULER_OUTPUT and "r1 is scheduled for" in crash.message
+    assert crash is not None and crash.contract == worker_contract.ROW_COUNTS_ARE_INTEGERS, crash
+    assert crash.vllm_frame == worker_contract.SCHEDULER_OUTPUT and "r1 is scheduled for" in crash.message
 
 
 def test_a_schedule_that_returns_no_output_is_a_contract_finding_not_a_tool_failure(monkeypatch):
@@ -384,7 +379,7 @@ def test_a_schedule_that_returns_no_output_is_a_contract_finding_not_a_tool_fail
 
     monkeypatch.setattr(Scheduler, "schedule", schedule_drops_output_at_step_2)
     crash = harness.run(s).crash
-    assert crash is not None and crash.contract == harness.SCHEDULE_RETURNS_OUTPUT, crash
+    assert crash is not None and crash.contract == worker_contract.SCHEDULE_RETURNS_OUTPUT, crash
     assert crash.vllm_frame == "scheduler-output" and crash.step == 2 and "NoneType" in crash.message
 
 

@@ -1,6 +1,6 @@
 """The worker's block tables are built from SchedulerOutput alone (mambafuzz/sim/worker/worker_tables.py),
 as vLLM 0.32's workers build theirs, and a row that uses a block the scheduler swapped without
-telling is a `row-blocks-as-told` contract finding (harness.check_told_blocks)."""
+telling is a `row-blocks-as-told` contract finding (worker_contract.check_told_blocks)."""
 
 from types import SimpleNamespace
 
@@ -10,7 +10,7 @@ from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.model.scenario import from_json
 from mambafuzz.sim import patching
 from mambafuzz.sim.bridge import scheduler_session
-from mambafuzz.sim.engine import harness
+from mambafuzz.sim.engine import worker_contract
 from mambafuzz.sim.worker.worker_tables import UntoldRequest, WorkerTables
 from mambafuzz.tools.mutation import planting
 
@@ -67,22 +67,22 @@ def _blocks(*ids: int) -> list[SimpleNamespace]:
 def test_the_rule_on_tables_a_row_uses():
     told, held = ([0, 4, 5, 6],), (_blocks(0, 4, 0, 7),)
     # a row that reads column 3, where the scheduler holds another real block: swapped without a message
-    with pytest.raises(harness.SchedulerContractError) as exc:
-        harness.check_told_blocks("r", told, held, 3, [], (), 0, never_scratch)
-    assert exc.value.contract == harness.ROW_BLOCKS_AS_TOLD and "block 7" in str(exc.value)
+    with pytest.raises(worker_contract.SchedulerContractError) as exc:
+        worker_contract.check_told_blocks("r", told, held, 3, [], (), 0, never_scratch)
+    assert exc.value.contract == worker_contract.ROW_BLOCKS_AS_TOLD and "block 7" in str(exc.value)
     # column 2 was nulled without a message: reading it is the state oracles' business; writing is a
     # finding unless the block is still the request's own unhashed scratch
-    harness.check_told_blocks("r", told, held, 2, [], (), 0, never_scratch)
-    harness.check_told_blocks("r", told, held, 1, [(2, 5)], (), 0, lambda rid, b: b == 5)
-    with pytest.raises(harness.SchedulerContractError, match="no longer holds"):
-        harness.check_told_blocks("r", told, held, 1, [(2, 5)], (), 0, never_scratch)
+    worker_contract.check_told_blocks("r", told, held, 2, [], (), 0, never_scratch)
+    worker_contract.check_told_blocks("r", told, held, 1, [(2, 5)], (), 0, lambda rid, b: b == 5)
+    with pytest.raises(worker_contract.SchedulerContractError, match="no longer holds"):
+        worker_contract.check_told_blocks("r", told, held, 1, [(2, 5)], (), 0, never_scratch)
     # columns no row uses may differ
-    harness.check_told_blocks("r", told, held, 1, [(1, 4)], (), 0, never_scratch)
+    worker_contract.check_told_blocks("r", told, held, 1, [(1, 4)], (), 0, never_scratch)
     # past the manager's table there is no block; the first bad column is named, in column order
-    with pytest.raises(harness.SchedulerContractError, match="column 3 .*block 7"):
-        harness.check_told_blocks("r", told, held, 5, [(3, 6)], (), 0, never_scratch)
-    with pytest.raises(harness.SchedulerContractError, match="column 5 .*holds no block"):
-        harness.check_told_blocks("r", ([0, 4, 5, 6, 8, 9],), held, 5, [], (), 0, never_scratch)
+    with pytest.raises(worker_contract.SchedulerContractError, match="column 3 .*block 7"):
+        worker_contract.check_told_blocks("r", told, held, 5, [(3, 6)], (), 0, never_scratch)
+    with pytest.raises(worker_contract.SchedulerContractError, match="column 5 .*holds no block"):
+        worker_contract.check_told_blocks("r", ([0, 4, 5, 6, 8, 9],), held, 5, [], (), 0, never_scratch)
 
 
 # Found by the PR job (ci/pr-fuzz 120 against the installed vLLM) with the mutant planted, from

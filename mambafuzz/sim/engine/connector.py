@@ -7,7 +7,7 @@ performs the "load" by writing a state into the block vLLM gave the request, and
 by reading the blocks the scheduler names in `SchedulerOutput.kv_connector_block_state.
 boundary_state_offloads` (collected here in `build_connector_meta`, the one place a connector
 sees them), after that step's forward, as vLLM's offloading connectors copy them (the harness's
-`_save_offloads`; docs/REACH.md "What a saving connector stores").
+`ConnectorWorker.save_offloads` below; docs/REACH.md "What a saving connector stores").
 
 Beyond the default (load the true state, in one step, never save), the engine's `connector_*`
 knobs give it the scheduler side of the saving connectors (LMCache, NIXL, both in
@@ -30,6 +30,7 @@ from mambafuzz.sim.bridge.vllm_compat.api import (
     RequestStatus,
     SupportsHMA,
 )
+from mambafuzz.sim.engine.worker_contract import OFFLOAD_ON_HASH_GRID, SchedulerContractError
 
 
 @dataclass(frozen=True)
@@ -180,3 +181,140 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self) -> None:
         return None
+
+
+class ConnectorWorker:
+    """The worker side of the scenario connector, which the harness plays: async loads in flight
+    (request -> [forwards left, order, fails]), boundary-state hand-offs copied but not sent
+    (request -> block hash -> [tokens, a state per mamba group]), and sends in flight (request ->
+    [updates left, its entries]); each finished send fills the connector's `store`. All three
+    stay empty under the default knobs (EngineConfig.connector_*). `connector` is None when the
+    run has no prefix caching (a connector sees nothing then)."""
+
+    def __init__(self, connector: ScenarioConnector | None, engine: Any, session: Any, events: list,
+                 plan: dict[str, ExternalHit]):
+        self.connector = connector
+        self.engine = engine
+        self.session = session
+        self.events = events  # the trace's connector_events: (step, kind, request, detail)
+        self.recv_pending: dict[str, list] = {}
+        self.send_pending: dict[str, list] = {}
+        self.async_loads = 0
+        self.save_entries: dict[str, dict] = {}
+        self.recv_tracked = bool(engine.connector_recv_steps or engine.connector_failed_load)
+        if connector is not None:
+            connector.plan = plan
+            connector.save_requests, connector.load_saved = engine.connector_save, engine.connector_load_source == "saved"
+            connector.mamba_block_size, connector.hash_block_size = engine.mamba_block_size, session.hash_block_size
+            connector.divergent_hits = engine.connector_divergent_hits
+
+    def busy(self) -> bool:
+        """Transfers in flight: the engine core keeps stepping until they finish."""
+        return bool(self.send_pending) or bool(self.recv_pending)
+
+    def recv_progress(self, step: int, new: dict) -> tuple[dict, set[str]]:
+        """One forward of the async loads in flight: `new` (this step's orders) start with
+        `connector_recv_steps` forwards to go; a load with none left finishes now (the worker's
+        `get_finished` reports it in `finished_recving`), and the `connector_failed_load`-th load
+        fails (reported in `failed_recving` too: Scheduler._handle_failed_recving resets the
+        request to recompute, _update_waiting_for_remote_kv frees or caches its blocks)."""
+        e = self.engine
+        for rid, order in new.items():
+            self.async_loads += 1
+            fails = self.async_loads == e.connector_failed_load
+            self.recv_pending[rid] = [e.connector_recv_steps, order, fails]
+        done, failed = {}, set()
+        for rid, entry in list(self.recv_pending.items()):
+            if entry[0] > 0:
+                entry[0] -= 1
+                continue
+            del self.recv_pending[rid]
+            done[rid] = order = entry[1]
+            if entry[2]:
+                failed.add(rid)
+                self.events.append((step, "load-fail", rid, f"{order.num_external_tokens} tokens (failed_recving)"))
+            else:
+                self.events.append((step, "recv-done", rid, f"{order.num_external_tokens} tokens after "
+                                    f"{e.connector_recv_steps + 1} forward(s)"))
+        return done, failed
+
+    def save_offloads(self, step: int, out: Any, live: dict, models: list) -> None:
+        """The worker side of a saving connector, after the forward and its post-forward copies
+        (`wait_for_save`): each boundary-state hand-off of this schedule (the scheduler names the
+        exact block: `SchedulerOutput.kv_connector_block_state.boundary_state_offloads`) is copied
+        holding what the kernel model of its mamba group says that block holds now, keyed as
+        Mooncake's store keys it, by the request's block hash at the boundary; one entry holds
+        every group's state (a store keeps each group's layers), and a load gives each group its
+        own. Hand-offs of a request finished or preempted in this schedule are dropped, as
+        Mooncake's and the CPU offload's schedulers do. The entries wait for the request's
+        `request_finished` and reach the store when its send finishes, each only with a state for
+        every group: a block holding the wrong state is a wrong entry (docs/REACH.md). `live` is the
+        harness's requests (vLLM's Request as `.req`), `models` each mamba group's kernel model."""
+        c = self.connector
+        if c.offloads is None:
+            c.offloads = []  # said once per run
+            self.events.append((step, "save-unsupported", "-", scheduler_session.NO_BOUNDARY_STATE_OFFLOADS))
+            c.save_requests = False
+            return
+        if not c.offloads:
+            return
+        offloads, c.offloads = c.offloads, []
+        unit = self.session.hash_block_size
+        null = self.session.null_block_id
+        gone = self.session.preempted(out)
+        groups = self.session.mamba_groups
+        for rid, group, block, tokens in offloads:
+            live_request = live.get(rid)
+            if group not in groups or live_request is None:
+                continue
+            g = groups.index(group)
+            req = live_request.req
+            if tokens % unit:
+                raise SchedulerContractError(OFFLOAD_ON_HASH_GRID, f"{rid}'s boundary-state hand-off of block {block} is "
+                                             f"the state after {tokens} tokens, off the {unit}-token hash grid: a store "
+                                             "connector has no prefix hash to key it by (Mooncake asserts)")
+            index = tokens // unit - 1
+            if req.is_finished() or rid in gone or block <= null or not 0 <= index < len(req.block_hashes):
+                self.events.append((step, "offload-dropped", rid, f"block {block} at {tokens} tokens"))
+                continue
+            state = models[g].state_of(block)
+            key = bytes(req.block_hashes[index])
+            entry = self.save_entries.setdefault(rid, {}).setdefault(key, [tokens, [None] * len(models)])
+            entry[1][g] = state
+            if g == 0:  # the trace's group
+                self.events.append((step, "save", rid, f"block {block} as the state after "
+                                                    f"{tokens} tokens: holds {state}"))
+            elif state != entry[1][0]:
+                self.events.append((step, "save-group", rid, f"mamba group {g}'s block {block} "
+                                                    f"as the state after {tokens} tokens: holds {state}"))
+
+    def drain_saves(self, step: int) -> None:
+        """Requests vLLM finished since the last drain whose blocks the connector keeps
+        (delay_free): their saved entries are sent, `connector_send_steps` updates from now."""
+        for order in self.connector.saves:
+            entries = self.save_entries.pop(order.request_id, {})
+            self.send_pending[order.request_id] = [self.engine.connector_send_steps, entries]
+            self.events.append((step, "delay-free", order.request_id,
+                                                f"request_finished keeps its blocks; {len(entries)} entries to send"))
+        self.connector.saves.clear()
+
+    def sends_finished(self, step: int) -> set[str]:
+        """The saves the worker reports in `finished_sending` at this update_from_output; their
+        entries enter the connector's store."""
+        done = set()
+        for rid, entry in list(self.send_pending.items()):
+            if entry[0] > 0:
+                entry[0] -= 1
+                continue
+            del self.send_pending[rid]
+            done.add(rid)
+            stored = 0
+            for key, (tokens, states) in entry[1].items():
+                if None in states:  # vLLM handed off this boundary for some groups only: nothing to restore from
+                    self.events.append((step, "save-incomplete", rid, f"the state after {tokens} "
+                                                        f"tokens lacks mamba group(s) {[g for g, s in enumerate(states) if s is None]}"))
+                    continue
+                self.connector.store[key] = (tokens, tuple(states))
+                stored += 1
+            self.events.append((step, "sent", rid, f"{stored} mamba block(s) stored"))
+        return done

@@ -7,6 +7,11 @@ mambafuzz.sim.worker.worker_mirror applies each SchedulerOutput to the kernel mo
 runtime audit plugin applies it through the same code), and mambafuzz.sim.engine.cache_audit describes every
 published mamba block; this module turns their results into the trace and answers the
 scheduler with greedy tokens and drafts.
+
+Its pieces with a job of their own live beside it (the worker contract, the connector's worker
+side, the cache scan, the pool facts). What stays, a little over 600 lines, is the loop and the
+worker's forward, whose per-row work is inlined on purpose: it is the fuzzer's hot path (issue #33,
+bench/harness_speed.py), and splitting it further costs calls on every row.
 """
 
 from __future__ import annotations
@@ -15,22 +20,33 @@ import _signal
 import os
 import threading
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mambafuzz.exit_codes import ToolError, one_line
 from mambafuzz.model.scenario import VOCAB_SIZE, Scenario, ScenarioError, ample_pool_blocks
 from mambafuzz.model.step_plan import BOUND, StepPlan
 from mambafuzz.sim.bridge import configs, scheduler_session
 from mambafuzz.sim.bridge.vllm_compat import VllmUnsupported
 from mambafuzz.sim.engine.cache_audit import BlockAuditor
-from mambafuzz.sim.engine.connector import scripted_hits
+from mambafuzz.sim.engine.cache_scan import CacheScan
+from mambafuzz.sim.engine.connector import ConnectorWorker, scripted_hits
 from mambafuzz.sim.engine.engine_core import Batch, BatchQueue
 from mambafuzz.sim.engine.hash_book import HashBook
+from mambafuzz.sim.engine.pool_facts import PoolFacts
+from mambafuzz.sim.engine.worker_contract import (
+    ROW_BLOCKS_AS_TOLD,
+    SCHEDULE_RETURNS_OUTPUT,
+    STALE_OUTPUT_CHANGES_NOTHING,
+    HarnessError,
+    SchedulerContractError,
+    StaleDeliveryError,
+    check_row,
+    check_told_blocks,
+    crash_or_tool_error,
+)
 from mambafuzz.sim.state import PrefixStates, next_token
-from mambafuzz.sim.trace import Admission, BatchEvent, Chunk, Crash, SlotWrite, StepRecord, Trace
+from mambafuzz.sim.trace import Admission, BatchEvent, Chunk, SlotWrite, StepRecord, Trace
 from mambafuzz.sim.worker.kernel_model import KernelGeometry, KernelModel
 from mambafuzz.sim.worker.worker_mirror import WorkerMirror, accepted_count, extend_truth
 from mambafuzz.sim.worker.worker_tables import UntoldRequest, WorkerTables
@@ -56,147 +72,9 @@ class _Live:
     drafts: list[int] = field(default_factory=list)
 
 
-def vllm_frame(exc: BaseException) -> str:
-    """Where in vLLM `exc` was raised: its innermost vLLM frame ("outside-vllm" when none);
-    the harness and the engine replay locate a crash by it."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/vllm/" in f.filename]
-    if not frames:
-        return "outside-vllm"
-    f = frames[-1]
-    path = f.filename[f.filename.rfind("/vllm/") + 1 :]
-    return f"{path}:{f.lineno} in {f.name}"
-
-
-class SchedulerContractError(Exception):
-    """vLLM's SchedulerOutput asks the worker for something no worker can run. A finding located
-    at the scheduler's output, with the broken rule (`contract`) as its mechanism, not a tool
-    failure: a GPU worker would run it on garbage. Checked before the harness uses the state."""
-
-    location = "scheduler-output"
-
-    def __init__(self, contract: str, message: str):
-        super().__init__(message)
-        self.contract = contract
-
-    def crash(self, step: int) -> Crash:
-        return Crash("SchedulerContract", str(self), self.location, step, self.contract)
-
-
-SCHEDULER_OUTPUT = SchedulerContractError.location
-STALE_OUTPUT_CHANGES_NOTHING = "stale-output-changes-nothing"  # the rule a StaleDeliveryError breaks
-
-
-class StaleDeliveryError(SchedulerContractError):
-    """update_from_output applied a batch's output to a request preempted after that batch was
-    scheduled, and moved its counters: the stale share must change nothing (AsyncScheduler
-    `_update_request_with_output(is_stale=True)`, Scheduler.update_from_output's stale branch)."""
-
-    location = "stale-delivery"
-
-
-# vLLM's contract for one scheduled row, each rule by name (the finding's mechanism):
-ROW_WITHIN_TOKENS = "row-within-tokens"  # the row covers tokens its request has
-ROW_VERIFIES_DRAFTS = "row-verifies-drafts"  # drafts follow at least one real token, whose output checks the first
-ROW_STATE_IN_TABLE = "row-state-in-table"  # the mamba block table holds the block the row's state goes to
-ROW_COUNTS_ARE_INTEGERS = "row-counts-are-integers"  # token counts and positions are ints, as the worker indexes with them
-# A boundary-state hand-off names a boundary on the hash grid: Mooncake's store worker asserts it
-# (mooncake/store/worker.py:594-598, `_boundary_puts`) before keying the block by that prefix's hash.
-OFFLOAD_ON_HASH_GRID = "offload-on-hash-grid"
-# schedule() hands the engine core a SchedulerOutput (EngineCore.step passes it to the executor as is)
-SCHEDULE_RETURNS_OUTPUT = "schedule-returns-output"
-# A row uses the blocks SchedulerOutput told the worker (worker_tables.WorkerTables). Where the manager's table
-# holds a different real block at a column the row reads or writes, the scheduler changed a running request's
-# table without telling (vLLM's worker only appends: `_update_states`, gpu_model_runner.py:1417-1428). The
-# manager may null a block without telling: align mode nulls skipped states in place (`remove_skipped_blocks`)
-# and moves scratch blocks to a later column (`_relocate_speculative_block`, single_type_kv_cache_manager.py:
-# 1908-1917, asserting the block is the request's alone and unhashed). A row that writes through such a stale
-# column breaks the rule only when the block is no longer the request's own scratch (free, shared, cached or
-# another's); a read through it is judged by the state oracles, as the kernel model reads the told block.
-ROW_BLOCKS_AS_TOLD = "row-blocks-as-told"
-
-
-def check_told_blocks(rid: str, told: Sequence[list[int]], held: Sequence[Sequence[Any]], read_column: int,
-                      writes: Sequence[tuple], rest_reads: Sequence[Any], null_block: int,
-                      own_scratch: Any) -> None:
-    """Raise SchedulerContractError when a column a row read (`read_column`, each other group's in
-    `rest_reads`) or wrote (the first two fields of each of `writes`: column, block) holds another
-    block in the worker's table (`told`) than in the manager's (`held`: each group's KVCacheBlock
-    list, vLLM's own: `SchedulerSession.mamba_block_lists`), by ROW_BLOCKS_AS_TOLD's rule.
-    `own_scratch(rid, block)` says whether the request alone holds the block, unhashed. It runs
-    per row, so it reads the few columns a row uses in place: align mode nulls skipped blocks in
-    the manager's table only, and the two tables differ on most rows."""
-    columns = {read_column}
-    for write in writes:
-        columns.add(write[0])
-    for read in rest_reads:
-        columns.add(read.read_column)
-    if len(columns) > 1:
-        columns = sorted(columns)
-    for g, (worker, manager) in enumerate(zip(told, held)):
-        nw, nm = len(worker), len(manager)
-        for c in columns:
-            if c < 0:
-                continue
-            w = worker[c] if c < nw else None
-            m = manager[c].block_id if c < nm else None
-            if w == m:
-                continue
-            written = any(x[0] == c for x in writes)
-            if m == null_block and w is not None:
-                if not written or own_scratch(rid, w):
-                    continue
-                why = "which the scheduler nulled there and no longer holds as the request's own scratch block"
-            else:
-                why = "but the scheduler's table holds " + ("no block" if m is None else f"block {m}")
-            raise SchedulerContractError(ROW_BLOCKS_AS_TOLD, (
-                f"{rid}'s row {'writes' if written else 'reads'} mamba block-table column {c} (group {g}): "
-                f"the worker was told block {w} (SchedulerOutput), {why}"))
-
-
-def check_row(rid: str, start: int, num_tokens: int, num_drafts: int, request_tokens: int,
-              table: list[int], block_size: int | None) -> None:
-    """Raise SchedulerContractError when a row breaks vLLM's contract with its worker, before
-    the harness uses the row. A negative count fails the first rule. A row of drafts alone (a
-    rollback that left too many tokens computed) made the harness index past the row's outputs,
-    and a table without the row's state block (column cdiv(start + num_tokens, block_size) - 1 in
-    align mode, 0 with `block_size` None: no prefix caching) past the table: tool failures on a
-    vLLM bug.  So did a token count that is not an int (a `/` for a `//` in the split): the worker
-    slices its inputs with it."""
-    if type(start) is not int or type(num_tokens) is not int:
-        raise SchedulerContractError(ROW_COUNTS_ARE_INTEGERS, f"{rid} is scheduled for {num_tokens!r} token(s) from "
-                                     f"position {start!r}: the worker indexes its inputs with both")
-    end = start + num_tokens - num_drafts
-    if not 0 <= start <= end <= request_tokens:
-        raise SchedulerContractError(ROW_WITHIN_TOKENS, f"{rid} is scheduled for tokens {start}..{end} "
-                                     f"(+{num_drafts} drafts) but has {request_tokens} tokens")
-    if num_drafts and start == end:
-        raise SchedulerContractError(ROW_VERIFIES_DRAFTS, f"{rid} is scheduled for {num_drafts} draft(s) at token "
-                                     f"{start} and no token of its own to verify them with")
-    column = -(-(start + num_tokens) // block_size) - 1 if block_size else 0
-    if column >= len(table):
-        raise SchedulerContractError(ROW_STATE_IN_TABLE, f"{rid} is scheduled up to token {start + num_tokens} (state "
-                                     f"block column {column}) but its mamba block table has {len(table)} block(s)")
-
-
-class HarnessError(ToolError):
-    """mambafuzz's own simulation raised, with no vLLM frame on the stack: a tool failure, never a
-    `vllm_crash` finding.  (It may still point at a vLLM inconsistency, e.g. a block table too
-    short for the tokens scheduled; the input is kept so a person can tell.)"""
-
-
-def _crash_or_tool_error(exc: Exception, step: int) -> Crash:
-    """A vLLM crash located by vLLM's innermost frame; our own exception is a HarnessError."""
-    where = vllm_frame(exc)
-    if where == "outside-vllm":
-        raise HarnessError(f"the harness itself raised {one_line(exc, where=True)} (step {step}); "
-                           "a tool failure, not a vLLM crash") from exc
-    return Crash(type(exc).__name__, (str(exc).splitlines() or [""])[0], where, step)
-
-
 _tuple_new = tuple.__new__
 _new = object.__new__
 
-POOL_WALK_EVERY_STEP = 4096  # blocks: the largest pool whose accounting is walked after every step
 DEFAULT_TIMEOUT = float(os.environ.get("MAMBAFUZZ_SCENARIO_TIMEOUT", "60"))
 
 
@@ -233,7 +111,7 @@ def run(scenario: Scenario, split: scheduler_session.SplitFn | None = None, spli
     except VllmUnsupported:
         raise
     except Exception as exc:  # vLLM failed to build a scheduler for a config it accepted
-        trace.crash = _crash_or_tool_error(exc, -1)
+        trace.crash = crash_or_tool_error(exc, -1)
         return trace
     trace.runner = session.runner
     trace.num_blocks, trace.startup_min_blocks = num_blocks, session.startup_min_blocks
@@ -311,14 +189,9 @@ class _Runner:
         self.mirror = WorkerMirror(models, self.spec)
         self.plan = plan
         self.book = HashBook(session.hash_block_size)
-        self.auditor = BlockAuditor(self.book, self.model, e.mamba_block_size)
+        self.cache_scan = CacheScan(session, BlockAuditor(self.book, self.model, e.mamba_block_size), trace)
         # live requests not admitted yet, or preempted since: the only ones an admission can be
         self.unadmitted: set[str] = set()
-        self.known_entries: set[tuple[bytes, int]] = set()
-        # the last full scan of the cache's mamba keys, and the key-map version it saw
-        self._scanned: list = []
-        self._scanned_blocks: set[int] = set()
-        self._scanned_version = -1
         self.accepted_reset: set[str] = set()  # V1 forgot their accepted count; not scheduled since
         self.async_mode = session.async_scheduling
         self.queue = BatchQueue(session.batch_queue_depth)  # the engine core's batches in flight
@@ -326,25 +199,14 @@ class _Runner:
         self._step: tuple = ()  # (record, batch event, admissible requests) of the step running
         self._state_block_size = e.mamba_block_size if prefix_caching else None  # check_row's grid
         self.in_flight_aborts: list[str] = []  # delivered by the aborts queue at the next update
-        self._walked_free: int | None = None  # the free count at the pool's last walk (`_pool_facts`)
+        self.pool_facts = PoolFacts(session, trace)
         self._inserted = session.inserted_blocks  # the mamba blocks keyed since it was last cleared
         if self.async_mode:
             session.cache_keys_version()  # install the key watch before the first schedule()
         self.connector = session.connector if prefix_caching else None  # it sees nothing without prefix caching
-        # connector work in progress (EngineConfig.connector_* knobs): async loads not finished yet
-        # (request -> [forwards left, order, fails]) and saves not sent yet (request -> [updates
-        # left, the entries it saves]); both empty under the default knobs
-        self.recv_pending: dict[str, list] = {}
-        self.send_pending: dict[str, list] = {}
-        self._async_loads = 0
-        self.save_entries: dict[str, dict] = {}  # request -> block hash -> [tokens, a state per mamba group]: not sent yet
-        self.recv_tracked = bool(e.connector_recv_steps or e.connector_failed_load)
-        if self.connector is not None:
-            self.connector.plan = scripted_hits(scenario, self.ids)
-            c = self.connector
-            c.save_requests, c.load_saved = e.connector_save, e.connector_load_source == "saved"
-            c.mamba_block_size, c.hash_block_size = e.mamba_block_size, session.hash_block_size
-            c.divergent_hits = e.connector_divergent_hits
+        # its worker side: async loads and saves in flight (both empty under the default knobs)
+        self.transfers = ConnectorWorker(self.connector, e, session, trace.connector_events,
+                                         scripted_hits(scenario, self.ids))
 
     # ---- main loop -------------------------------------------------------------------
     def run(self) -> None:
@@ -352,7 +214,7 @@ class _Runner:
         try:
             while True:
                 end = self.plan.end(step, self.session.has_unfinished() or bool(self.queue)
-                                    or bool(self.send_pending) or bool(self.recv_pending))
+                                    or self.transfers.busy())
                 if end is not None:
                     self.trace.hit_bound = end == BOUND
                     break
@@ -370,13 +232,13 @@ class _Runner:
         except scheduler_session.NoSchedulerOutput as exc:
             self.trace.crash = SchedulerContractError(SCHEDULE_RETURNS_OUTPUT, str(exc)).crash(step)
         except Exception as exc:
-            self.trace.crash = _crash_or_tool_error(exc, step)
+            self.trace.crash = crash_or_tool_error(exc, step)
         if self.prefix_caching and self.trace.crash is None and not self.trace.timed_out:
-            self._check_audit_view()
+            self.cache_scan.check_view()
         if self.trace.crash is None and not self.trace.timed_out and not self.trace.hit_bound:
             self.trace.held_at_end = self.session.block_holders()
             if self.trace.steps and (not self.trace.pool or self.trace.pool[-1][0] != len(self.trace.steps) - 1):
-                self._walk_pool(len(self.trace.steps) - 1)
+                self.pool_facts.walk(len(self.trace.steps) - 1)
         for rid in self.ids:
             req = self.session.request(rid)
             if rid in self.live:  # what vLLM's Request kept: a worker may run past a stop under async
@@ -408,47 +270,8 @@ class _Runner:
         if self.plan.in_flight_aborts_at:
             self._take_in_flight_aborts(step)  # a step that ran no batch: they wait for the next input
         if self.prefix_caching:
-            self._audit_cache(rec)
-        self._pool_facts(step)
-
-    def _pool_facts(self, step: int) -> None:
-        """The step's resource facts: the pool's accounting, the blocks in use, LRU evictions, and
-        the blocks of a request that holds blocks alone (the capacity vLLM promised at start-up)."""
-        session, trace = self.session, self.trace
-        # The pool's accounting walks every block: every 8th step, at the end of a run (`run`), and, on pools of
-        # up to POOL_WALK_EVERY_STEP blocks (the generators' pools, mostly), after each step that moved the free
-        # count. Most steps leave it as it was (85% of generated ones: decodes inside a block). A fault in the
-        # counts stays until a block is taken or freed again (an unqueued zero count, a negative one, a queue
-        # counter off), so the next walk sees it, at most 7 steps later; one that a later step undoes while the
-        # free count stands still is not seen.
-        free = session.num_free_blocks()
-        if not step % 8 or (free != self._walked_free and trace.num_blocks <= POOL_WALK_EVERY_STEP):
-            free = self._walked_free = self._walk_pool(step)
-        used = trace.num_blocks - 1 - free  # the null block is never free, and holds nothing
-        if used > trace.peak_blocks:
-            trace.peak_blocks = used
-        if session.over_estimates:  # allocations that took more blocks than vLLM checked for
-            trace.over_estimates += [(step, *o) for o in session.over_estimates]
-            session.over_estimates.clear()
-        evictions = session.lru_evictions
-        if evictions is not None and evictions[0]:
-            trace.lru_evictions[step] = evictions[0]
-            evictions[0] = 0
-        sole = session.sole_holder()
-        if sole is not None:
-            # alone only when its tables hold every block in use: blocks vLLM holds back for a freed request
-            # (`Scheduler.deferred_frees`, with a consumer connector and batches in flight) belong to no table
-            held = session.held_blocks(sole)
-            if sum(held) == used:
-                trace.alone.append((step, sole, held))
-
-    def _walk_pool(self, step: int) -> int:
-        """Record the pool's accounting after `step` (`SchedulerSession.walk_pool`); returns its free count."""
-        counts, mismatch = self.session.walk_pool()
-        self.trace.pool.append((step, *counts))
-        if mismatch is not None:
-            self.trace.ref_mismatches[step] = mismatch
-        return counts[0]
+            self.cache_scan.step(rec)
+        self.pool_facts.step(step)
 
     def _on_forward(self, batch: Batch) -> None:
         rec, event, waiting = self._step
@@ -547,7 +370,7 @@ class _Runner:
     def _abort(self, rec: StepRecord, aborts: list[str]) -> None:
         self.session.abort(aborts)
         if self.connector is not None and self.connector.saves:
-            self._drain_saves(rec)
+            self.transfers.drain_saves(rec.step)
         rec.aborts = rec.aborts + aborts if rec.aborts else aborts
         for rid in aborts:
             self.trace.finish_status[rid] = "FINISHED_ABORTED"
@@ -605,8 +428,8 @@ class _Runner:
                                          correction.get(rid, 0))
 
         recv_new = {rid: o for rid, o in connector_orders.items() if o.load_async} if connector_orders else {}
-        if self.recv_tracked:
-            recv_new, failed = self._recv_progress(rec, recv_new)
+        if self.transfers.recv_tracked:
+            recv_new, failed = self.transfers.recv_progress(rec.step, recv_new)
         else:  # the default: an async load finishes in the forward that started it, and never fails
             failed = set()
         if recv_new:
@@ -618,7 +441,7 @@ class _Runner:
         batch.recv_done = set(recv_new)
         batch.recv_failed = failed
         if self.connector is not None and self.connector.save_requests:
-            self._save_offloads(rec, out)
+            self.transfers.save_offloads(rec.step, out, self.live, self.mirror.models)
 
     def _apply(self, rec: StepRecord, batch: Batch) -> None:
         """The engine core hands a batch's output to the scheduler (`update_from_output`), after the
@@ -635,12 +458,12 @@ class _Runner:
                 req = session.request(rid)
                 if req is not None and not req.is_finished():
                     before[rid] = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
-        sent = self._sends_finished(rec) if self.send_pending else None
+        sent = self.transfers.sends_finished(rec.step) if self.transfers.send_pending else None
         session.feed(batch.out, batch.sampled, batch.recv_done, batch.recv_failed, sent)
         if batch.recv_failed:  # vLLM took the failure now: the request's next schedule admits it anew
             self.unadmitted.update(rid for rid in batch.recv_failed if self._running(rid))
         if self.connector is not None and self.connector.saves:
-            self._drain_saves(rec)
+            self.transfers.drain_saves(rec.step)
         for rid, counts in before.items() if before else ():
             req = session.request(rid)
             now = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
@@ -655,115 +478,6 @@ class _Runner:
         """Arrived and not finished."""
         live = self.live.get(rid)
         return live is not None and live.req.status not in scheduler_session.FINISHED_STATUSES  # `not is_finished()`
-
-    def _recv_progress(self, rec: StepRecord, new: dict) -> tuple[dict, set[str]]:
-        """One forward of the async loads in flight: `new` (this step's orders) start with
-        `connector_recv_steps` forwards to go; a load with none left finishes now (the worker's
-        `get_finished` reports it in `finished_recving`), and the `connector_failed_load`-th load
-        fails (reported in `failed_recving` too: Scheduler._handle_failed_recving resets the
-        request to recompute, _update_waiting_for_remote_kv frees or caches its blocks)."""
-        e = self.s.engine
-        for rid, order in new.items():
-            self._async_loads += 1
-            fails = self._async_loads == e.connector_failed_load
-            self.recv_pending[rid] = [e.connector_recv_steps, order, fails]
-        done, failed = {}, set()
-        for rid, entry in list(self.recv_pending.items()):
-            if entry[0] > 0:
-                entry[0] -= 1
-                continue
-            del self.recv_pending[rid]
-            done[rid] = order = entry[1]
-            if entry[2]:
-                failed.add(rid)
-                self.trace.connector_events.append((rec.step, "load-fail", rid,
-                                                    f"{order.num_external_tokens} tokens (failed_recving)"))
-            else:
-                self.trace.connector_events.append((rec.step, "recv-done", rid,
-                                                    f"{order.num_external_tokens} tokens after "
-                                                    f"{e.connector_recv_steps + 1} forward(s)"))
-        return done, failed
-
-    def _save_offloads(self, rec: StepRecord, out: Any) -> None:
-        """The worker side of a saving connector, after the forward and its post-forward copies
-        (`wait_for_save`): each boundary-state hand-off of this schedule (the scheduler names the
-        exact block: `SchedulerOutput.kv_connector_block_state.boundary_state_offloads`) is copied
-        holding what the kernel model of its mamba group says that block holds now, keyed as
-        Mooncake's store keys it, by the request's block hash at the boundary; one entry holds
-        every group's state (a store keeps each group's layers), and a load gives each group its
-        own. Hand-offs of a request finished or preempted in this schedule are dropped, as
-        Mooncake's and the CPU offload's schedulers do. The entries wait for the request's
-        `request_finished` and reach the store when its send finishes, each only with a state for
-        every group: a block holding the wrong state is a wrong entry (docs/REACH.md)."""
-        c = self.connector
-        if c.offloads is None:
-            c.offloads = []  # said once per run
-            self.trace.connector_events.append((rec.step, "save-unsupported", "-", scheduler_session.NO_BOUNDARY_STATE_OFFLOADS))
-            c.save_requests = False
-            return
-        if not c.offloads:
-            return
-        offloads, c.offloads = c.offloads, []
-        unit = self.session.hash_block_size
-        null = self.session.null_block_id
-        gone = self.session.preempted(out)
-        groups = self.session.mamba_groups
-        models = self.mirror.models
-        for rid, group, block, tokens in offloads:
-            live = self.live.get(rid)
-            if group not in groups or live is None:
-                continue
-            g = groups.index(group)
-            req = live.req
-            if tokens % unit:
-                raise SchedulerContractError(OFFLOAD_ON_HASH_GRID, f"{rid}'s boundary-state hand-off of block {block} is "
-                                             f"the state after {tokens} tokens, off the {unit}-token hash grid: a store "
-                                             "connector has no prefix hash to key it by (Mooncake asserts)")
-            index = tokens // unit - 1
-            if req.is_finished() or rid in gone or block <= null or not 0 <= index < len(req.block_hashes):
-                self.trace.connector_events.append((rec.step, "offload-dropped", rid, f"block {block} at {tokens} tokens"))
-                continue
-            state = models[g].state_of(block)
-            key = bytes(req.block_hashes[index])
-            entry = self.save_entries.setdefault(rid, {}).setdefault(key, [tokens, [None] * len(models)])
-            entry[1][g] = state
-            if g == 0:  # the trace's group
-                self.trace.connector_events.append((rec.step, "save", rid, f"block {block} as the state after "
-                                                    f"{tokens} tokens: holds {state}"))
-            elif state != entry[1][0]:
-                self.trace.connector_events.append((rec.step, "save-group", rid, f"mamba group {g}'s block {block} "
-                                                    f"as the state after {tokens} tokens: holds {state}"))
-
-    def _drain_saves(self, rec: StepRecord) -> None:
-        """Requests vLLM finished since the last drain whose blocks the connector keeps
-        (delay_free): their saved entries are sent, `connector_send_steps` updates from now."""
-        for order in self.connector.saves:
-            entries = self.save_entries.pop(order.request_id, {})
-            self.send_pending[order.request_id] = [self.s.engine.connector_send_steps, entries]
-            self.trace.connector_events.append((rec.step, "delay-free", order.request_id,
-                                                f"request_finished keeps its blocks; {len(entries)} entries to send"))
-        self.connector.saves.clear()
-
-    def _sends_finished(self, rec: StepRecord) -> set[str]:
-        """The saves the worker reports in `finished_sending` at this update_from_output; their
-        entries enter the connector's store."""
-        done = set()
-        for rid, entry in list(self.send_pending.items()):
-            if entry[0] > 0:
-                entry[0] -= 1
-                continue
-            del self.send_pending[rid]
-            done.add(rid)
-            stored = 0
-            for key, (tokens, states) in entry[1].items():
-                if None in states:  # vLLM handed off this boundary for some groups only: nothing to restore from
-                    self.trace.connector_events.append((rec.step, "save-incomplete", rid, f"the state after {tokens} "
-                                                        f"tokens lacks mamba group(s) {[g for g, s in enumerate(states) if s is None]}"))
-                    continue
-                self.connector.store[key] = (tokens, tuple(states))
-                stored += 1
-            self.trace.connector_events.append((rec.step, "sent", rid, f"{stored} mamba block(s) stored"))
-        return done
 
     def _connector_load(self, rec: StepRecord, rid: str, num_tokens: int, order: Any = None) -> None:
         saved = order.saved if order is not None else None
@@ -914,64 +628,3 @@ class _Runner:
             out.append(tok)
             state = state.extend([tok])
         return out
-
-    def _audit_cache(self, rec: StepRecord) -> None:
-        """Record the mamba cache entries whose verdict may have changed this step: new keys, and
-        keys on blocks the kernel model wrote. A key's claim never changes and a block's held state
-        changes only by a write, so an entry judged before keeps its verdict until one of these.
-        While no key was added or removed, the last scan's entries (all judged) still hold; while keys
-        were only added, each new to the map, a scan would yield the last scan's entries and then
-        theirs (SchedulerSession.take_added_mamba_keys), so the scan is not redone."""
-        model = self.model
-        written = model.dirty  # `take_dirty`, inline: the blocks written since the last step
-        if written:
-            model.dirty = set()
-        version = self.session.cache_keys_version()
-        if version == self._scanned_version:
-            if not written or written.isdisjoint(self._scanned_blocks):
-                return
-            changed = [(key, block) for key, block in self._scanned if block.block_id in written]
-            self._describe(rec, changed, self.known_entries)
-            return
-        added = self.session.take_added_mamba_keys()
-        if added is not None:
-            known = self.known_entries
-            changed = ([(key, block) for key, block in self._scanned if block.block_id in written]
-                       if written and not written.isdisjoint(self._scanned_blocks) else [])
-            self._describe(rec, changed + added, known)  # the new keys' entries are not in `known`: new
-            self._scanned += added
-            known.update([(key, block.block_id) for key, block in added])
-            self._scanned_blocks.update([block.block_id for _, block in added])
-            self._scanned_version = version
-            return
-        scanned = list(self.session.cached_mamba_blocks())
-        seen = {(key, block.block_id) for key, block in scanned}
-        known = self.known_entries
-        self._describe(rec, [(key, block) for key, block in scanned
-                             if (key, block.block_id) not in known or block.block_id in written], known)
-        self.known_entries = seen
-        self._scanned, self._scanned_version = scanned, version
-        self._scanned_blocks = {block.block_id for _, block in scanned}
-
-    def _check_audit_view(self) -> None:
-        """Tripwire for the incremental audit: at the end of a run the cache's mamba keys must be
-        the ones the last scan saw, unless the change counter says they moved since. If not,
-        this vLLM changes its prefix cache in a way the bridge does not count, and the audit
-        would miss entries: a tool failure, not a clean run."""
-        if self.session.cache_keys_version() != self._scanned_version:
-            return
-        actual = {(key, block.block_id) for key, block in self.session.cached_mamba_blocks()}
-        if actual != self.known_entries:
-            raise HarnessError(f"the cache audit saw {len(self.known_entries)} mamba cache entries but the cache "
-                               f"holds {len(actual)}: this vLLM changes its prefix cache in a way "
-                               "SchedulerSession.cache_keys_version does not count")
-
-    def _describe(self, rec: StepRecord, pairs: list, known: set[tuple[bytes, int]]) -> None:
-        """Append a cache entry per (key, block) in `pairs`; those not in `known` are new."""
-        describe = self.auditor.entry
-        for key, block in pairs:
-            new = (key, block.block_id) not in known
-            entry = scheduler_session.SchedulerSession.mamba_entry(key, block)
-            if new:
-                self.trace.hashed_snapshots += 1
-            rec.add("cache", describe(entry.block_hash, entry.block_id, entry.primary, entry.claimed_tokens, new))

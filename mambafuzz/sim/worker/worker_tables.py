@@ -10,7 +10,7 @@ finished ones (`finish_requests`) and gets a resumed request back as a new one.
 
 So a scheduler that changes a block in a running request's table without saying so computes, on
 a real GPU, on a table it does not know. The harness runs the kernel model on these tables and
-holds them against the manager's (harness.check_told_blocks). Reads a SchedulerOutput by attribute
+holds them against the manager's (worker_contract.check_told_blocks). Reads a SchedulerOutput by attribute
 only and imports no vLLM: the conformance driver builds its rows from it too.
 """
 
