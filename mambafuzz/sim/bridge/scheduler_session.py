@@ -471,9 +471,12 @@ class SchedulerSession:
                     holders.add(rid)
         return sorted(holders)
 
-    def sole_holder(self) -> str | None:
-        """The one request holding blocks, when exactly one does (the capacity rule's case); stops
-        at the second holder it meets, so a busy step costs a few lookups."""
+    def lone_holding(self) -> tuple[str, tuple[int, ...]] | None:
+        """(the request, its blocks in each KV-cache group) when exactly one request holds blocks (a
+        table that is not empty, in any group), else None: the capacity rule's case, read after every
+        step (mambafuzz.sim.engine.pool_facts), so it stops at the second holder it meets. The null
+        block is not counted: align mode nulls the state blocks it no longer needs in place
+        (`remove_skipped_blocks`)."""
         sole = None
         for m in self._managers:
             for rid, blocks in m.req_to_blocks.items():
@@ -481,20 +484,17 @@ class SchedulerSession:
                     if sole is not None:
                         return None
                     sole = rid
-        return sole
-
-    def held_blocks(self, request_id: str) -> tuple[int, ...]:
-        """The blocks `request_id` holds in each KV-cache group, the null block not counted (align
-        mode nulls the state blocks it no longer needs: `remove_skipped_blocks`)."""
+        if sole is None:
+            return None
         held = []
-        for m in self._managers:  # run after each step the request holds blocks alone: plain loops (see walk_pool)
-            blocks = m.req_to_blocks.get(request_id, ())
-            count = len(blocks)
-            for block in blocks:
+        for m in self._managers:  # plain loops: the cheapest count of a short list (see walk_pool)
+            tables = m.req_to_blocks.get(sole, ())
+            count = len(tables)
+            for block in tables:
                 if block.is_null:
                     count -= 1
             held.append(count)
-        return tuple(held)
+        return sole, tuple(held)
 
     def own_scratch(self, request_id: str, block_id: int) -> bool:
         """Whether `block_id` is a block `request_id` alone holds, unhashed, in its mamba tables: one a

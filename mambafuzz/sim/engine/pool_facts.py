@@ -17,6 +17,7 @@ class PoolFacts:
         self.session = session
         self.trace = trace
         self._walked_free: int | None = None  # the free count at the pool's last walk
+        self._free_count = session.num_free_blocks  # bound once: read after every step
 
     def step(self, step: int) -> None:
         """The step's resource facts: the pool's accounting, the blocks in use, LRU evictions, and
@@ -28,7 +29,7 @@ class PoolFacts:
         # counts stays until a block is taken or freed again (an unqueued zero count, a negative one, a queue
         # counter off), so the next walk sees it, at most 7 steps later; one that a later step undoes while the
         # free count stands still is not seen.
-        free = session.num_free_blocks()
+        free = self._free_count()
         if not step % 8 or (free != self._walked_free and trace.num_blocks <= POOL_WALK_EVERY_STEP):
             free = self._walked_free = self.walk(step)
         used = trace.num_blocks - 1 - free  # the null block is never free, and holds nothing
@@ -41,13 +42,12 @@ class PoolFacts:
         if evictions is not None and evictions[0]:
             trace.lru_evictions[step] = evictions[0]
             evictions[0] = 0
-        sole = session.sole_holder()
-        if sole is not None:
+        lone = session.lone_holding()
+        if lone is not None:
             # alone only when its tables hold every block in use: blocks vLLM holds back for a freed request
             # (`Scheduler.deferred_frees`, with a consumer connector and batches in flight) belong to no table
-            held = session.held_blocks(sole)
-            if sum(held) == used:
-                trace.alone.append((step, sole, held))
+            if sum(lone[1]) == used:
+                trace.alone.append((step, *lone))
 
     def walk(self, step: int) -> int:
         """Record the pool's accounting after `step` (`SchedulerSession.walk_pool`); returns its free count."""
