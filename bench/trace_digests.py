@@ -60,8 +60,12 @@ def _without_continuations(s):
 
 
 def _before_models(s):
-    """`s` on the default model (engine.model is the generator's last draw)."""
+    """`s` on the default model, under vLLM's FCFS policy with no priorities: the generator draws the
+    model after the fields before it, and the priorities after every other field."""
     s.engine.model = DEFAULT_MODEL
+    s.engine.scheduling_policy = "fcfs"
+    for r in s.requests:
+        r.priority = 0
     return s
 
 

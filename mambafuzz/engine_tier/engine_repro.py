@@ -77,7 +77,8 @@ def replay(handle: engines.EngineHandle, s: Scenario, split_fn: Any = None) -> R
             for i, rid in plan.arrivals(step):
                 params = SamplingParams(max_tokens=s.requests[i].max_tokens, temperature=0.0, ignore_eos=True,
                                         logprobs=TOP_K)
-                handle.engine.add_request(rid, {"prompt_token_ids": s.prompt_tokens(i)}, params)
+                handle.engine.add_request(rid, {"prompt_token_ids": s.prompt_tokens(i)}, params,
+                                          priority=s.requests[i].priority)
                 added.append(rid)
                 out.tokens[rid], out.logprobs[rid], out.top[rid] = [], [], []
             aborts = plan.aborts(step, lambda rid: rid in added and not _finished(out, rid))

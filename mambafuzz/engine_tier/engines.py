@@ -70,6 +70,7 @@ class EngineSpec:
     # AsyncScheduler under EngineCore.step_with_batch_queue; the CPU platform turns it off, and
     # `start_engine` keeps it on (`_async_scheduling_on_cpu`): the uniproc executor supports it
     async_scheduling: bool = False
+    scheduling_policy: str = "fcfs"  # EngineArgs.scheduling_policy (the requests carry their priorities)
 
     @classmethod
     def for_scenario(cls, s: Scenario, prefix_caching: bool) -> EngineSpec:
@@ -90,6 +91,7 @@ class EngineSpec:
             spec_method=e.spec_method if e.uses_spec_decode else None,
             num_speculative_tokens=e.num_speculative_tokens if e.uses_spec_decode else 0,
             async_scheduling=_resolved_async(e),
+            scheduling_policy=e.scheduling_policy,
         )
 
     def engine_args(self, model: str) -> dict[str, Any]:
@@ -100,6 +102,7 @@ class EngineSpec:
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             max_model_len=self.max_model_len, enable_chunked_prefill=True, async_scheduling=self.async_scheduling,
             disable_log_stats=os.environ.get("MAMBAFUZZ_ENGINE_STATS") != "1", seed=0,
+            scheduling_policy=self.scheduling_policy,
         )
         if self.prefix_caching:
             args.update(mamba_cache_mode="align", mamba_block_size=self.block_size,

@@ -223,8 +223,21 @@ def draw_scenario(src: Source) -> Scenario:
     # Only the model changes: with it set back to the default the scenario is the one drawn before the knob.
     engine.model = draw_model(src, scenario)
     _draw_continuations(src, scenario)  # it changes no other draw
-    _draw_connector(src, scenario)  # last of all, for the same reason
+    _draw_connector(src, scenario)  # it changes no other draw either
+    _draw_priorities(src, scenario)  # last of all, for the same reason
     return scenario
+
+
+def _draw_priorities(src: Source, scenario: Scenario) -> None:
+    """vLLM's priority scheduling in one scenario of six with two requests or more, each request a
+    priority in [0, 3] (so ties, where arrival decides, are common). Drawn after every other
+    dimension and changing none of them: an input recorded before the knob decodes to the same
+    scenario, under "priority" in a sixth of the cases."""
+    if len(scenario.requests) < 2 or src.int(0, 5):
+        return
+    scenario.engine.scheduling_policy = "priority"
+    for req in scenario.requests:
+        req.priority = src.int(0, 3)
 
 
 CONNECTOR_KNOBS = ("connector_save", "connector_send_steps", "connector_load_source", "connector_recv_steps",

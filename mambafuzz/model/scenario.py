@@ -35,6 +35,8 @@ VOCAB_SIZE = 1024
 
 SPEC_METHODS = ("none", "mtp")
 CONNECTOR_LOAD_SOURCES = ("truth", "saved")
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's SchedulerConfig.policy
+MAX_PRIORITY = 8  # RequestSpec.priority is drawn and validated in [0, MAX_PRIORITY]
 
 # Hard ceilings that keep one scenario cheap; the decoder and validation share them.
 MAX_REQUESTS = 16
@@ -156,6 +158,14 @@ class EngineConfig:
     # worker read this field; mamba blocks keep `mamba_block_size`. Left out of the JSON when False;
     # drawn by the conform target's pass (mambafuzz.model.generate.draw_worker_rows).
     block_size_from_groups: bool = knob(False, kind="bool", simplest=False, generate=False)
+    # SchedulerConfig.policy: "fcfs" (vLLM's default) or "priority". Under "priority" the waiting
+    # queue is a heap by (RequestSpec.priority, arrival) and a running request that cannot get its
+    # blocks preempts the running request with the largest (priority, arrival_time), which may be one
+    # schedule() has already given blocks to this step (scheduler.py:795-833); under "fcfs" it is the
+    # last running one. Left out of the JSON when "fcfs"; drawn by mambafuzz.model.generate after
+    # every other draw, so the inputs drawn before the knob keep their values.
+    scheduling_policy: str = knob("fcfs", kind="choice", choices=SCHEDULING_POLICIES, simplest="fcfs",
+                                  generate=False)
     # The scenario's KV connector (mambafuzz/sim/engine/connector.py), playing the scheduler side of a
     # saving and loading connector (LMCache, NIXL). Off, it only loads, the true state, within one
     # step: what every file before these knobs ran. None is drawn by the generic generator (a draw
@@ -231,6 +241,9 @@ class RequestSpec:
     # How many of the earlier request's generated tokens to include (None: all it generated); a
     # request that generated fewer gives what it has.
     continue_outputs: int | None = None
+    # vLLM's Request.priority: lower runs first under engine.scheduling_policy "priority" (the engine
+    # ignores it under "fcfs"). Left out of the JSON when 0.
+    priority: int = 0
 
 
 # RequestSpec fields written to JSON only when set: files without them load and dump unchanged.
@@ -346,8 +359,8 @@ class Scenario:
 
 
 def _engine_json(e: EngineConfig) -> dict[str, Any]:
-    """The engine's fields; `model`, `max_model_len_slack` and `block_size_from_groups` only when
-    set (files written before those knobs stay byte-identical)."""
+    """The engine's fields; `model`, `max_model_len_slack`, `block_size_from_groups` and
+    `scheduling_policy` only when set (files written before those knobs stay byte-identical)."""
     out = dataclasses.asdict(e)
     if out.get("model") == DEFAULT_MODEL:
         del out["model"]
@@ -355,6 +368,8 @@ def _engine_json(e: EngineConfig) -> dict[str, Any]:
         out.pop("max_model_len_slack", None)
     if not out.get("block_size_from_groups"):
         out.pop("block_size_from_groups", None)
+    if out.get("scheduling_policy") == "fcfs":
+        del out["scheduling_policy"]
     return out
 
 
@@ -363,6 +378,8 @@ def _request_json(r: RequestSpec) -> dict[str, Any]:
     for name in _OPTIONAL_REQUEST_FIELDS:
         if out[name] is None:
             del out[name]
+    if not out["priority"]:
+        del out["priority"]
     return out
 
 
@@ -540,6 +557,7 @@ def validate(s: Scenario) -> list[str]:
         _check_int(p, f"{w}.max_tokens", r.max_tokens, 1, MAX_OUTPUT_TOKENS)
         _check_int(p, f"{w}.external_tokens", r.external_tokens, 0, MAX_PROMPT_TOKENS)
         _check_int(p, f"{w}.abort_step", r.abort_step, 0, MAX_STEPS_ARRIVAL + MAX_PROMPT_TOKENS, optional=True)
+        _check_int(p, f"{w}.priority", r.priority, 0, MAX_PRIORITY)
         if not isinstance(r.external_async, bool):
             p.append(f"{w}.external_async must be true or false")
         if not isinstance(r.abort_in_flight, bool):

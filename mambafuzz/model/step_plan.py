@@ -86,7 +86,7 @@ class StepPlan:
         `Scenario.static_prompts()`; a continuation's prompt is built here from the tokens the
         request it continues holds in the session (prompt and generated)."""
         for i, rid in self.arrivals(step):
-            session.add_request(rid, prompts[i], self.max_tokens[i], float(step))
+            session.add_request(rid, prompts[i], self.max_tokens[i], float(step), self.scenario.requests[i].priority)
         if self.pending:
             def ended(rid: str) -> bool:
                 return (req := session.request(rid)) is not None and req.is_finished()
@@ -94,7 +94,7 @@ class StepPlan:
             for i, j, rid in self.continuations(step, ended):
                 earlier = session.request(self.ids[j])
                 prompt, _ = self.scenario.continuation_prompt(i, earlier.all_token_ids, earlier.num_prompt_tokens)
-                session.add_request(rid, prompt, self.max_tokens[i], float(step))
+                session.add_request(rid, prompt, self.max_tokens[i], float(step), self.scenario.requests[i].priority)
 
         def running(rid: str) -> bool:
             return (req := session.request(rid)) is not None and not req.is_finished()

@@ -103,6 +103,8 @@ def _int_fields(s: Scenario) -> Iterator[tuple[Callable[[Scenario], object], str
         yield req, "external_tokens", r.external_tokens, 0
         if r.abort_step is not None:
             yield req, "abort_step", r.abort_step, r.arrival_step
+        if r.priority:
+            yield req, "priority", r.priority, 0
     for p, length in enumerate(s.prefixes):
         yield (lambda c: c.prefixes), p, length, 1
     def eng(c):

@@ -157,6 +157,7 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
     engine.pop("runner", None)  # the model runner the kernel model mirrors: not a scheduler setting
     engine.pop("async_scheduling", None)  # synchronous, checked above
     engine.pop("max_model_len_slack", None)  # already folded into max_model_len below
+    priority = engine.pop("scheduling_policy", "fcfs") == "priority"  # the test's SchedulerConfig says it
     if engine.pop("block_size_from_groups", False):  # left out when off, so earlier exports stay current
         raise ExportError(f"{case.path}: the standalone test cannot set cache_config.block_size below the mamba "
                           "block (engine.block_size_from_groups) yet; replay it with mambafuzz repro")
@@ -169,7 +170,8 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
         engine.update(enable_prefix_caching=False, prefix_match_unit=None, num_prefill_checkpoint_blocks=0,
                       prefill_checkpoint_alignment=None, enable_mamba_shared_prefix_checkpoint=False)
     requests = [{"id": rid, "arrival": r.arrival_step, "prompt": s.prompt_tokens(i), "max_tokens": r.max_tokens,
-                 "external": r.external_tokens, "external_async": r.external_async, "abort": r.abort_step} for i, (rid, r) in enumerate(zip(s.request_ids(), s.requests))]
+                 "external": r.external_tokens, "external_async": r.external_async, "abort": r.abort_step,
+                 **({"priority": r.priority} if priority else {})} for i, (rid, r) in enumerate(zip(s.request_ids(), s.requests))]
     name = re.sub(r"\W+", "_", case.path.stem).strip("_").lower()
     return TEMPLATE.format(
         row_index=_row_index(),
@@ -178,6 +180,9 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
         num_blocks=s.engine.num_gpu_blocks or ample_pool_blocks(s), max_model_len=s.max_model_len(),
         max_steps=s.liveness_bound(), check=check_for(sig), model_config=json.dumps(json.loads(TINY_CONFIG.read_text())),
         test_name=name, **_resource_parts(check_for(sig)),
+        # vLLM's priority policy, only where the case runs it (so every other export is what it was)
+        scheduler_policy=', policy="priority"' if priority else "",
+        request_priority=', priority=r["priority"]' if priority else "",
     )
 
 
@@ -223,6 +228,9 @@ def vllm_test_source(case: Case, title: str = "") -> str:
                 + body.replace("\n\nMAMBA_BLOCK_SIZE", "\n\npytestmark = pytest.mark.cpu_test\n\nMAMBA_BLOCK_SIZE", 1))
     if check not in CHECKS and check not in (PUBLISHED_STATE_WRITTEN, EVERY_REQUEST_FINISHES):
         raise ExportError(f"--style vllm cannot express {sig} yet (use --style standalone)")
+    if s.engine.scheduling_policy != "fcfs":
+        raise ExportError(f"--style vllm cannot express engine.scheduling_policy {s.engine.scheduling_policy} yet: "
+                          "create_scheduler builds an FCFS scheduler (use --style standalone)")
     if s.engine.async_scheduling is not False:  # create_scheduler builds the synchronous Scheduler
         s = _synchronous_twin(case, sig)
     if check in (PUBLISHED_STATE_WRITTEN, EVERY_REQUEST_FINISHES) or (check == "no_crash" and ":nocache-" not in sig):
@@ -453,6 +461,7 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
     sig = case_signature(case)
     runner = finding_runner(case)
     before = evaluate(case.scenario, "fixed", efficiency=False, runner=runner).verdict
+    checked_033 = "0.33.0 tree" in body  # the README says the short test was run on the 0.33.0 release tree
     related, body = _split_status(body)
     body = re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", body, flags=re.M)  # under this report's headings
     try:  # the short test in vLLM's idiom where there is one; the standalone test otherwise
@@ -464,7 +473,8 @@ def report_text(case: Case, cost_rows: int = 30) -> str:
     # What a maintainer sees on one screen: vLLM's bug template (environment, the bug), the short test,
     # expected against actual. The evidence (tracker search, mechanism, fix, cost) follows collapsed.
     parts = [f"# [Bug]: {title or case.path.stem}", "", "## Your current environment", "",
-             f"vLLM {vllm_version()} (also checked: the 0.33.0 release tree), Python 3.11, scheduler and "
+             f"vLLM {vllm_version()}{' (also checked: the 0.33.0 release tree)' if checked_033 else ''}, "
+             "Python 3.11, scheduler and "
              "KV-cache manager driven on CPU; "
              + (f"{model_runners.get(runner).title}." if runner else "both model runners unless said otherwise."), "",
              "## Describe the bug", "", _summary(reproducer, body), "",

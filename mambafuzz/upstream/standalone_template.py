@@ -108,7 +108,7 @@ def make_scheduler(model_dir):
     scheduler_config = SchedulerConfig(max_num_batched_tokens=e["max_num_batched_tokens"],
                                        max_num_seqs=e["max_num_seqs"], max_model_len=MAX_MODEL_LEN,
                                        long_prefill_token_threshold=e["long_prefill_token_threshold"],
-                                       is_encoder_decoder=False, enable_chunked_prefill=True)
+                                       is_encoder_decoder=False, enable_chunked_prefill=True{scheduler_policy})
     spec = e["num_speculative_tokens"] if e["spec_method"] != "none" else 0
     speculative_config = None
     if spec:
@@ -188,7 +188,7 @@ def check_published(step, manager, written, published):
                 req = Request(request_id=r["id"], prompt_token_ids=list(r["prompt"]),
                               sampling_params=SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True,
                                                              temperature=0.0),
-                              pooling_params=None, arrival_time=float(step), block_hasher=hasher)
+                              pooling_params=None, arrival_time=float(step), block_hasher=hasher{request_priority})
                 requests[r["id"]] = req
                 scheduler.add_request(req)
         aborts = [r["id"] for r in REQUESTS if r["abort"] == step and r["id"] in requests]

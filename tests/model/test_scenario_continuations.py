@@ -132,16 +132,17 @@ def test_the_links_are_drawn_last():
     """Unlinking a generated scenario gives exactly the scenario the same input gave before."""
     from mambafuzz.model import generate
 
-    later = generate._draw_connector  # drawn after the links: left out of both runs
+    later = generate._draw_connector, generate._draw_priorities  # drawn after the links: left out of both runs
     for seed in range(60):
         original = generate._draw_continuations
-        generate._draw_connector = lambda src, scenario: None
+        generate._draw_connector = generate._draw_priorities = lambda src, scenario: None
         try:
             s = random_scenario(random.Random(seed))
             generate._draw_continuations = lambda src, scenario: None
             before = random_scenario(random.Random(seed))
         finally:
-            generate._draw_continuations, generate._draw_connector = original, later
+            generate._draw_continuations = original
+            generate._draw_connector, generate._draw_priorities = later
         for r in s.requests:
             r.continues = r.continue_outputs = None
         assert s == before, seed

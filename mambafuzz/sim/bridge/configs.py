@@ -128,6 +128,7 @@ def vllm_config_for(e: EngineConfig, max_model_len: int, connector: bool = True)
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         is_encoder_decoder=False,
         enable_chunked_prefill=True,
+        policy=e.scheduling_policy,
     )
     speculative_config = None
     if e.uses_spec_decode:

@@ -243,7 +243,8 @@ class SchedulerSession:
         manager.allocate_slots = checked_allocate
 
     # ---- driving ----------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: list[int], max_tokens: int, arrival: float) -> None:
+    def add_request(self, request_id: str, prompt: list[int], max_tokens: int, arrival: float,
+                    priority: int = 0) -> None:
         request = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt),
@@ -251,6 +252,7 @@ class SchedulerSession:
             pooling_params=None,
             arrival_time=arrival,
             block_hasher=self._block_hasher,
+            priority=priority,
         )
         self._requests[request_id] = request
         self.scheduler.add_request(request)
