@@ -283,6 +283,8 @@ register(Oracle.of(ResumeStateMismatch))  # these four: reported by slot_hash's 
 register(Oracle.of(StaleStateRead, export=_padded_fresh_prompt))  # stale_read:from-empty is uninit_read's old name
 register(Oracle.of(UninitRead, export=_padded_fresh_prompt))
 register(Oracle.of(NocacheStaleRead, export=_nocache_read))
+# The attention blocks a hit serves (mambafuzz/checks/attention_kv.py): a wrong state too, after the mamba states
+register(Oracle("attention_kv", check="mambafuzz.checks.attention_kv:check_attention_hits", order=BUILT_IN_ORDER + 1))
 register(Oracle.of(OutputDivergence, follows_from=("stall",),  # a stalled request's tokens never came
                    check="mambafuzz.checks.oracle:outputs_check", order=BUILT_IN_ORDER + 2))
 register(Oracle.of(Stall, export=_stall_assertion, check="mambafuzz.checks.oracle:liveness_check", order=BUILT_IN_ORDER + 3,

@@ -205,6 +205,10 @@ class Trace:
     # (step, the one request holding blocks after the step, its blocks per group); steps where its tables hold
     # every block in use only (no other request's, none vLLM holds back as a deferred free)
     alone: list[tuple[int, str, tuple[int, ...]]] = field(default_factory=list)
+    # (step, request, attention KV-cache group, column, block, tokens its key claims, whether K/V of any prefix
+    # ever completed it): a prefix-cache hit served a full attention block that does not hold the K/V of the
+    # request's prefix up to its end (mambafuzz.sim.engine.attention_kv.AttentionBlocks)
+    attention_stale_hits: list[tuple[int, str, int, int, int, int, bool]] = field(default_factory=list)
     # requests still holding blocks when the run ended with nothing left to do (the pool is quiescent)
     held_at_end: list[str] = field(default_factory=list)
     peak_blocks: int = 0  # the most blocks in use (not free, the null block not counted) after any step

@@ -55,9 +55,9 @@ def test_vllm_is_given_the_earlier_prompt_its_outputs_and_the_new_tail(monkeypat
     given: dict[str, list[int]] = {}
     original = scheduler_session.SchedulerSession.add_request
 
-    def record(self, rid, prompt, max_tokens, arrival):
+    def record(self, rid, prompt, max_tokens, arrival, priority=0):
         given[rid] = list(prompt)
-        return original(self, rid, prompt, max_tokens, arrival)
+        return original(self, rid, prompt, max_tokens, arrival, priority)
 
     monkeypatch.setattr(scheduler_session.SchedulerSession, "add_request", record)
     s = turns()

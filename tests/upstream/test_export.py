@@ -77,9 +77,10 @@ def test_exported_tests_fail_without_and_pass_with_their_fix():
 
 # --style vllm: short tests in vLLM's idiom, run inside vLLM's own test tree (ci/vllm-tests).
 # The cases it refuses, each with its one-line reason (a connector vLLM's helpers cannot state,
-# MTP on create_scheduler's OPT model).
+# MTP on create_scheduler's OPT model, a priority policy create_scheduler does not set).
 VLLM_REFUSED = {"internal_checkpoint_exemption_outlives_junction_clip", "internal_checkpoint_midblock_resume_connector",
-                "internal_checkpoint_poison_read_back", "connector_admission_estimate_short_per_mamba_group"}
+                "internal_checkpoint_poison_read_back", "connector_admission_estimate_short_per_mamba_group",
+                "priority_preemption_serves_uncomputed_blocks"}
 VLLM_CASES = [p for p in CASES if p.stem not in VLLM_REFUSED]
 # A test with mamba groups carries the scheduler_cls that adds them (create_scheduler builds one
 # attention group): it and its imports come on top of the short test's 60.

@@ -28,6 +28,7 @@ from mambafuzz.model.scenario import VOCAB_SIZE, Scenario, ScenarioError, ample_
 from mambafuzz.model.step_plan import BOUND, StepPlan
 from mambafuzz.sim.bridge import configs, scheduler_session
 from mambafuzz.sim.bridge.vllm_compat import VllmUnsupported
+from mambafuzz.sim.engine.attention_kv import AttentionBlocks
 from mambafuzz.sim.engine.cache_audit import BlockAuditor
 from mambafuzz.sim.engine.cache_scan import CacheScan
 from mambafuzz.sim.engine.connector import ConnectorWorker, scripted_hits
@@ -184,6 +185,10 @@ class _Runner:
                              lambda rid: (session.mamba_blocks(rid),))
         self.told = WorkerTables(groups, session.runner)
         self._groups = groups
+        # the attention groups' blocks, judged where a prefix-cache hit serves them (no hits without caching)
+        attention = [g for g, kind in enumerate(session.group_kinds) if kind != "mamba"]
+        self.attention = AttentionBlocks(attention, session.group_block_sizes, session.runner, session.null_block_id,
+                                         trace) if prefix_caching and attention else None
         self._null = session.null_block_id
         self.model = models[0]
         self.mirror = WorkerMirror(models, self.spec)
@@ -315,7 +320,7 @@ class _Runner:
         for i, rid in self.plan.arrivals(step) if step in self.plan.arrivals_at else ():
             r = self.s.requests[i]
             truth = PrefixStates.for_prompt(self.s.prompt_key(i), lambda: self.s.prompt_tokens(i))  # noqa: B023
-            session.add_request(rid, truth.tokens, r.max_tokens, float(step))  # vLLM gets a copy
+            session.add_request(rid, truth.tokens, r.max_tokens, float(step), r.priority)  # vLLM gets a copy
             self.live[rid] = _Live(i, truth, session.request(rid))
             self.unadmitted.add(rid)
             rec.add("arrivals", rid)
@@ -344,7 +349,7 @@ class _Runner:
             tokens = extend_truth(earlier.truth, earlier.req).tokens[:earlier.req.num_tokens]
             prompt, n = self.s.continuation_prompt(i, tokens, earlier.req.num_prompt_tokens)
             truth = PrefixStates(prompt)
-            session.add_request(rid, truth.tokens, r.max_tokens, float(step))  # vLLM gets a copy
+            session.add_request(rid, truth.tokens, r.max_tokens, float(step), r.priority)  # vLLM gets a copy
             self.live[rid] = _Live(i, truth, session.request(rid))
             self.unadmitted.add(rid)
             rec.add("arrivals", rid)
@@ -387,6 +392,8 @@ class _Runner:
             rec.add("writes", SlotWrite("-", -1, dst, state, "cow"))
         try:
             self.told.update(out)
+            if self.attention is not None:
+                self.attention.update(out)
         except UntoldRequest as exc:
             raise SchedulerContractError(ROW_BLOCKS_AS_TOLD, str(exc)) from None
         preempted = session.preempted(out)
@@ -396,6 +403,7 @@ class _Runner:
 
         scheduled = out.num_scheduled_tokens
         spec_tokens = session.spec_tokens(out)
+        hits: list[tuple[str, int]] = []  # (request, prefix-cache hit tokens) admitted by this schedule()
         for rid in waiting_before:
             req = session.request(rid)
             if req is None or (not req.num_computed_tokens and rid not in scheduled):
@@ -405,6 +413,8 @@ class _Runner:
             order = connector_orders.get(rid)
             ext = order.num_external_tokens if order else 0
             rec.add("admissions", Admission(rid, start - ext, ext, bool(order and order.load_async)))
+            if self.attention is not None and start > ext:
+                hits.append((rid, start - ext))
             self.trace.prefix_hit_tokens += start - ext
             self.unadmitted.discard(rid)
             live = self.live[rid]
@@ -426,6 +436,10 @@ class _Runner:
         for rid in scheduled:  # dict order is the batch order vLLM built
             sampled[rid] = self._run_row(rec, rid, scheduled[rid], spec_tokens.get(rid, []), batch,
                                          correction.get(rid, 0))
+        # the attention kernels write every row's K/V before any row reads a layer's cache: a hit may serve
+        # blocks this forward computes (a same-step hit), so hits are judged after the rows
+        for rid, hit in hits:
+            self.attention.judge_hit(rec.step, rid, hit, self.live[rid].truth)
 
         recv_new = {rid: o for rid, o in connector_orders.items() if o.load_async} if connector_orders else {}
         if self.transfers.recv_tracked:
@@ -492,6 +506,9 @@ class _Runner:
         # scheduler.py:1289-1293: the request's whole table then); a request not scheduled yet has no worker table
         tables = tuple(order.block_ids[g] for g in self._groups) if order is not None else self._held(rid)
         block = self.mirror.load(tables, num_tokens, state, rest)
+        if self.attention is not None and order is not None:  # the loaded positions' K/V, into the blocks named
+            self.attention.written(rid, num_tokens - order.num_external_tokens, num_tokens, self.live[rid].truth,
+                                   tables=[order.block_ids[g] for g in self.attention.groups])
         rec.add("writes", SlotWrite(rid, -(-num_tokens // self.s.engine.mamba_block_size) - 1, block, state, "connector"))
 
     def _run_row(self, rec: StepRecord, rid: str, n: int, drafts: list[int], batch: Batch,
@@ -560,6 +577,8 @@ class _Runner:
             # the drafter proposes after a row that sampled; otherwise nothing stands behind the
             # next row's placeholders
             live.drafts = self._propose(live, rec.step, live.known) if self.spec and sampled else []
+        if self.attention is not None:  # the row's K/V: its real tokens, and the drafts its sampler accepted
+            self.attention.written(rid, start, end, truth, sampled[:-1] if num_drafts else ())
         if self.spec:
             post = self.mirror.postprocess(rid, tables, start, n, num_drafts, accepted_count(sampled))
             if post:
