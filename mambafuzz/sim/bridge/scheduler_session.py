@@ -458,6 +458,33 @@ class SchedulerSession:
         negative = sum(c < 0 for c in counts) - (counts[null] < 0) if min(counts) < 0 else 0
         return (pool.get_num_free_blocks(), unreferenced, negative), mismatch
 
+    def request_state_left(self) -> list[tuple[str, str]]:
+        """(where, request) for every entry a freed request left in the KV-cache manager's
+        per-request state, for `pool_accounting:request-state-at-end` (read once, when a run ended
+        with every request done). vLLM 0.32 drops a request's entries as it frees its blocks
+        (`pop_blocks_for_free`: single_type_kv_cache_manager.py:576-578 for `req_to_blocks`,
+        `num_cached_block`, `_partial_hit_reqs`; mamba align 1936-1951 for `_allocated_block_reqs`,
+        `last_state_block_idx`, `_num_retired_blocks`, `_checkpoints`, `_producer_partial_tail_reqs`
+        and the pending boundary-state hand-offs), and the scheduler its request
+        (`Scheduler._free_blocks`, sched/scheduler.py:2746-2749). Read by shape, not by name, so a
+        container a later vLLM adds is read too: every dict or set of the manager, its coordinator and
+        each single-type manager whose keys are this session's request ids, every list whose entries
+        are tuples that start with one, and the scheduler's `requests`. Where: `Class.attribute`."""
+        ids = self._requests.keys()
+        manager = self.scheduler.kv_cache_manager
+        left: list[tuple[str, str]] = []
+        for owner in (manager, manager.coordinator, *self._managers):
+            for name, value in sorted(vars(owner).items()):
+                if isinstance(value, (dict, set, frozenset)):
+                    held = [k for k in value if isinstance(k, str) and k in ids]
+                elif isinstance(value, list):
+                    held = [e[0] for e in value if isinstance(e, tuple) and e and isinstance(e[0], str) and e[0] in ids]
+                else:
+                    continue
+                left += [(f"{type(owner).__name__}.{name}", rid) for rid in sorted(set(held))]
+        left += [("Scheduler.requests", rid) for rid in sorted(self.scheduler.requests) if rid in ids]
+        return left
+
     def num_free_blocks(self) -> int:
         """The pool's free count, as vLLM reports it."""
         return self.block_pool.get_num_free_blocks()
