@@ -485,6 +485,59 @@ class SchedulerSession:
         left += [("Scheduler.requests", rid) for rid in sorted(self.scheduler.requests) if rid in ids]
         return left
 
+    def watch_frees(self, report: Callable[[str, int, int, int, str], None]) -> None:
+        """Check a request's attention tables each time vLLM frees them, before the blocks go back
+        (`KVCacheManager.free` and `pop_blocks_for_free`, the only ways vLLM 0.32 frees a request:
+        finished, aborted or preempted, sched/scheduler.py:2766-2775, 3151): every block at column i
+        of a group that is not mamba that carries a prefix-cache key carries the request's own hash
+        for the tokens its key claims, with its group's id (`make_block_hash_with_group_id`), and that
+        token count ends inside column i. `BlockPool.cache_full_blocks` keys block i by the hash at
+        (i + 1) * block_size (block_pool.py:263-300; `resolve_block_hashes` takes the hash-unit hash at
+        that boundary, kv_cache_utils.py:2690-2715), `cache_partial_block` a prompt tail inside its
+        block by the hash at its boundary (block_pool.py:449-510), and a hit hands out the block found
+        under the request's own hash (`get_cached_block`, 198-224; a partial hit is copied before the
+        request writes, single_type_kv_cache_manager.py:393). Mamba groups are left to the state audit.
+        `report(request, group, column, block id, what is wrong)` for each block that breaks it: no
+        per-step cost, one pass over a request's tables per free. With prefix caching off: nothing."""
+        manager = self.scheduler.kv_cache_manager
+        groups = tuple(m for m in self._managers if not isinstance(m, MambaManager))
+        if not groups or not self.block_pool.enable_caching:
+            return
+        unit = self.hash_block_size
+
+        def check(request) -> None:
+            rid, hashes = request.request_id, request.block_hashes
+            for m in groups:
+                size, group = m.block_size, m.kv_cache_group_id
+                for column, block in enumerate(m.req_to_blocks.get(rid, ())):
+                    key = block.block_hash
+                    if key is None or block.is_null:
+                        continue
+                    tokens = block.block_hash_num_tokens
+                    if tokens is None or not column * size < tokens <= (column + 1) * size or tokens % unit:
+                        report(rid, group, column, block.block_id, f"a key for {tokens} tokens, not inside column {column} "
+                               f"(tokens {column * size}..{(column + 1) * size})")
+                    elif tokens // unit > len(hashes):
+                        report(rid, group, column, block.block_id, f"a key for {tokens} tokens, past the request's "
+                               f"{len(hashes) * unit} hashed tokens")
+                    elif key != make_block_hash_with_group_id(hashes[tokens // unit - 1], group):
+                        own_group = bytes(key[:-4]) == bytes(hashes[tokens // unit - 1])
+                        report(rid, group, column, block.block_id,
+                               f"the request's hash for {tokens} tokens under another group's id" if own_group else
+                               f"a key for {tokens} tokens that is not the request's hash of its first {tokens} tokens")
+
+        free, pop = manager.free, manager.pop_blocks_for_free
+
+        def checked_free(request, *args, **kwargs):
+            check(request)
+            return free(request, *args, **kwargs)
+
+        def checked_pop(request, *args, **kwargs):
+            check(request)
+            return pop(request, *args, **kwargs)
+
+        manager.free, manager.pop_blocks_for_free = checked_free, checked_pop
+
     def num_free_blocks(self) -> int:
         """The pool's free count, as vLLM reports it."""
         return self.block_pool.get_num_free_blocks()
