@@ -231,12 +231,19 @@ def test_the_request_state_read_is_by_shape():
     class MambaManager(SimpleNamespace):
         pass
 
+    class Coordinator(SimpleNamespace):
+        pass
+
+    class KVCacheManager(SimpleNamespace):
+        pass
+
     mamba = MambaManager(req_to_blocks={"a": []}, _new_dict={"b": 1, 7: 2}, _offers=[("a", 1), ("zz", 2)],
-                         block_size=16, name="b")
-    coordinator = SimpleNamespace(pending={"c"})
-    manager = SimpleNamespace(coordinator=coordinator, stats={"x": 1})
+                         _empty={}, block_size=16, name="b")
+    manager = KVCacheManager(coordinator=Coordinator(pending={"c"}), stats={"x": 1})
     session = SimpleNamespace(_requests={"a": 0, "b": 0, "c": 0, "d": 0}, _managers=(mamba,),
                               scheduler=SimpleNamespace(kv_cache_manager=manager, requests={"d": 0}))
     assert scheduler_session.SchedulerSession.request_state_left(session) == [
-        ("SimpleNamespace.pending", "c"), ("MambaManager._new_dict", "b"), ("MambaManager._offers", "a"),
+        ("Coordinator.pending", "c"), ("MambaManager._new_dict", "b"), ("MambaManager._offers", "a"),
         ("MambaManager.req_to_blocks", "a"), ("Scheduler.requests", "d")]
+    mamba._empty["a"] = 1  # a container empty at the first read is read again at the next
+    assert ("MambaManager._empty", "a") in scheduler_session.SchedulerSession.request_state_left(session)

@@ -84,6 +84,11 @@ class SortedIds(set):
         return iter(sorted(set.__iter__(self)))
 
 
+# Per class of the KV-cache manager, its coordinator and single-type managers: the attributes that hold a dict,
+# a set or a list (`SchedulerSession.request_state_left` reads them for a freed request's entries)
+_CONTAINERS: dict[type, tuple[str, ...]] = {}
+
+
 class NoSchedulerOutput(Exception):
     """`schedule()` returned something that is not a SchedulerOutput: vLLM broke its contract with
     the engine core (the harness files it as a contract finding, SCHEDULE_RETURNS_OUTPUT)."""
@@ -474,7 +479,14 @@ class SchedulerSession:
         manager = self.scheduler.kv_cache_manager
         left: list[tuple[str, str]] = []
         for owner in (manager, manager.coordinator, *self._managers):
-            for name, value in sorted(vars(owner).items()):
+            names = _CONTAINERS.get(type(owner))
+            if names is None:  # the class's containers, found once a process (vLLM sets them all in __init__)
+                names = _CONTAINERS[type(owner)] = tuple(sorted(
+                    name for name, value in vars(owner).items() if isinstance(value, (dict, set, frozenset, list))))
+            for name in names:
+                value = getattr(owner, name, None)
+                if not value:  # the common case at a run's end: empty
+                    continue
                 if isinstance(value, (dict, set, frozenset)):
                     held = [k for k in value if isinstance(k, str) and k in ids]
                 elif isinstance(value, list):
@@ -505,26 +517,36 @@ class SchedulerSession:
             return
         unit = self.hash_block_size
 
+        # (table map, block size, group id, the key suffix make_block_hash_with_group_id appends for the group)
+        checked = tuple((m.req_to_blocks, m.block_size, m.kv_cache_group_id,
+                         bytes(make_block_hash_with_group_id(b"", m.kv_cache_group_id))) for m in groups)
+
         def check(request) -> None:
             rid, hashes = request.request_id, request.block_hashes
-            for m in groups:
-                size, group = m.block_size, m.kv_cache_group_id
-                for column, block in enumerate(m.req_to_blocks.get(rid, ())):
+            for tables, size, group, suffix in checked:
+                table = tables.get(rid)
+                if not table:
+                    continue
+                end = 0  # column * size, then (column + 1) * size
+                for column, block in enumerate(table):
+                    start, end = end, end + size
                     key = block.block_hash
-                    if key is None or block.is_null:
+                    if key is None:  # the null block never carries one
                         continue
                     tokens = block.block_hash_num_tokens
-                    if tokens is None or not column * size < tokens <= (column + 1) * size or tokens % unit:
-                        report(rid, group, column, block.block_id, f"a key for {tokens} tokens, not inside column {column} "
-                               f"(tokens {column * size}..{(column + 1) * size})")
+                    # the common case first: a key inside its column, on the hash grid, that is the request's own hash
+                    if (tokens is not None and start < tokens <= end and not tokens % unit
+                            and tokens // unit <= len(hashes) and key == hashes[tokens // unit - 1] + suffix):
+                        continue
+                    if tokens is None or not start < tokens <= end or tokens % unit:
+                        what = f"a key for {tokens} tokens, not inside column {column} (tokens {start}..{end})"
                     elif tokens // unit > len(hashes):
-                        report(rid, group, column, block.block_id, f"a key for {tokens} tokens, past the request's "
-                               f"{len(hashes) * unit} hashed tokens")
-                    elif key != make_block_hash_with_group_id(hashes[tokens // unit - 1], group):
-                        own_group = bytes(key[:-4]) == bytes(hashes[tokens // unit - 1])
-                        report(rid, group, column, block.block_id,
-                               f"the request's hash for {tokens} tokens under another group's id" if own_group else
-                               f"a key for {tokens} tokens that is not the request's hash of its first {tokens} tokens")
+                        what = f"a key for {tokens} tokens, past the request's {len(hashes) * unit} hashed tokens"
+                    elif bytes(key[:-4]) == bytes(hashes[tokens // unit - 1]):
+                        what = f"the request's hash for {tokens} tokens under another group's id"
+                    else:
+                        what = f"a key for {tokens} tokens that is not the request's hash of its first {tokens} tokens"
+                    report(rid, group, column, block.block_id, what)
 
         free, pop = manager.free, manager.pop_blocks_for_free
 
