@@ -468,7 +468,7 @@ class SchedulerSession:
         per-request state, for `pool_accounting:request-state-at-end` (read once, when a run ended
         with every request done). vLLM 0.32 drops a request's entries as it frees its blocks
         (`pop_blocks_for_free`: single_type_kv_cache_manager.py:576-578 for `req_to_blocks`,
-        `num_cached_block`, `_partial_hit_reqs`; mamba align 1936-1951 for `_allocated_block_reqs`,
+        `num_cached_block`, `_partial_hit_reqs`; mamba align 1934-1951 for `_allocated_block_reqs`,
         `last_state_block_idx`, `_num_retired_blocks`, `_checkpoints`, `_producer_partial_tail_reqs`
         and the pending boundary-state hand-offs), and the scheduler its request
         (`Scheduler._free_blocks`, sched/scheduler.py:2746-2749). Read by shape, not by name, so a
