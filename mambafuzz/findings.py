@@ -300,6 +300,9 @@ register(Oracle("capacity", check="mambafuzz.checks.resources:check_capacity",
                 export=lambda location: None if "allocation-over-estimate" in location else LONE_REQUEST_WITHIN_RESERVE))
 register(Oracle("pool_accounting", check="mambafuzz.checks.resources:check_pool_accounting",
                 export=lambda location: POOL_COUNTS_CONSISTENT))
+# The attention groups' prefix-cache keys (mambafuzz/checks/cache_keys.py): a cached attention block carries its
+# request's hash at its position. No exported assertion yet.
+register(Oracle("attention_key", check="mambafuzz.checks.cache_keys:check_attention_keys"))
 # PR mode's efficiency gate (mambafuzz/search/pr/efficiency_gate.py): judged against the base's figures by the
 # campaign's judge, not by a check of one run's traces.
 register(Oracle("efficiency_regression"))

@@ -44,6 +44,8 @@ DECLARED_NAME_EDGES = {
         "the oracle registry names the resource checks; mambafuzz.checks.oracle.judge loads them",
     ("mambafuzz.findings", "mambafuzz.checks.attention_kv"):
         "the oracle registry names the attention-block check; mambafuzz.checks.oracle.judge loads it",
+    ("mambafuzz.findings", "mambafuzz.checks.cache_keys"):
+        "the oracle registry names the attention-key check; mambafuzz.checks.oracle.judge loads it",
     ("mambafuzz.tools.vllm_envs", "mambafuzz.cli.main"):
         "runs the mambafuzz command with another vLLM's interpreter (a subprocess, not an import)",
 }

@@ -243,6 +243,14 @@ def _pool(trace: Trace, nocache: bool) -> Finding | None:
         step, free = trace.pool[-1][:2]
         return PoolAccounting(f"{prefix}the run ended with every request done and {free} of "
                               f"{trace.num_blocks - 1} usable blocks free", location=f"{tag}leaked-at-end", step=step)
+    if ended and trace.request_state_at_end:
+        where, rid = trace.request_state_at_end[0]
+        more = len(trace.request_state_at_end) - 1
+        return PoolAccounting(f"{prefix}the run ended with every request done, and {rid} still has an entry in {where}"
+                              + (f" ({more} more entr{'y' if more == 1 else 'ies'} left)" if more else "")
+                              + ": vLLM drops a request's per-request state when it frees the request",
+                              location=f"{tag}request-state-at-end", step=len(trace.steps), request_id=rid,
+                              mechanism=where)
     return None
 
 
@@ -252,5 +260,8 @@ def check_pool_accounting(trace: Trace, uncached: Trace | None = None) -> Findin
     with no reference (free_blocks queues a block when its count reaches 0; `touch` and
     get_new_blocks take it out), no count is negative, and once every request is done no request
     holds a block and every block but the null block is free (vLLM's tests assert the same at the
-    end of theirs: tests/v1/core/test_prefix_caching.py, `get_num_free_blocks() == num_blocks - 1`)."""
+    end of theirs: tests/v1/core/test_prefix_caching.py, `get_num_free_blocks() == num_blocks - 1`),
+    and no freed request is left in the manager's per-request state (`request-state-at-end`, the
+    mechanism names the container: tests/v1/core/test_deferred_block_free.py asserts a freed
+    request is gone from every manager's `req_to_blocks`; SchedulerSession.request_state_left)."""
     return _pool(trace, False) or (_pool(uncached, True) if uncached is not None else None)

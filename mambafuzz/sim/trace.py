@@ -211,6 +211,12 @@ class Trace:
     attention_stale_hits: list[tuple[int, str, int, int, int, int, bool]] = field(default_factory=list)
     # requests still holding blocks when the run ended with nothing left to do (the pool is quiescent)
     held_at_end: list[str] = field(default_factory=list)
+    # (where, request) for each entry a freed request left in the KV-cache manager's per-request state, read when
+    # the run ended with nothing left to do (SchedulerSession.request_state_left)
+    request_state_at_end: list[tuple[str, str]] = field(default_factory=list)
+    # (step, request, KV-cache group, column, block id, what is wrong) for each cached attention block whose key is
+    # not its request's hash at its position, seen as vLLM freed the request (SchedulerSession.watch_frees)
+    attention_keys: list[tuple[int, str, int, int, int, str]] = field(default_factory=list)
     peak_blocks: int = 0  # the most blocks in use (not free, the null block not counted) after any step
     # the KV connector's work beyond one-step loads (EngineConfig.connector_* knobs), in order:
     # (step, "save" | "sent" | "recv-done" | "load-fail", request, detail)

@@ -203,3 +203,47 @@ def test_sync_connector_tokens_take_a_block_per_mamba_group_past_the_estimate():
     fix = patching.load_patches(str(root / "upstream/connector_admission_estimate_short_per_mamba_group/fix.py"))
     with patching.applied(fix):
         assert evaluate(s, "fixed", efficiency=False).verdict.clean
+
+
+def test_a_freed_requests_state_left_in_the_manager_is_found_at_the_end():
+    """Once every request is done no manager keeps per-request state of a freed one
+    (`pool_accounting:request-state-at-end`; vLLM's tests/v1/core/test_deferred_block_free.py asserts
+    it of `req_to_blocks` after a free). The planted leak (align mode keeps a freed request's
+    `last_state_block_idx`) changes no block, no count and no state: before the rule the run was clean."""
+    s = scenario({"mamba_block_size": 32, "attn_block_size": 32, "max_num_batched_tokens": 64},
+                 [{"unique_len": 90, "max_tokens": 40}])
+    assert kinds(s) == []
+    with patching.applied(planting.patches("resource_request_state_kept")):
+        verdict = evaluate(s, "fixed", efficiency=False).verdict
+    assert [f.fine_signature for f in verdict.findings] == \
+        ["pool_accounting:request-state-at-end|MambaManager.last_state_block_idx"], verdict.findings
+    assert "r0 still has an entry in MambaManager.last_state_block_idx" in verdict.findings[0].message
+
+
+def test_the_request_state_read_is_by_shape():
+    """`SchedulerSession.request_state_left` reads every dict, set and list of tuples of the KV-cache
+    manager, its coordinator and its single-type managers for the session's request ids, and the
+    scheduler's `requests`, whatever the container is called."""
+    from types import SimpleNamespace
+
+    from mambafuzz.sim.bridge import scheduler_session
+
+    class MambaManager(SimpleNamespace):
+        pass
+
+    class Coordinator(SimpleNamespace):
+        pass
+
+    class KVCacheManager(SimpleNamespace):
+        pass
+
+    mamba = MambaManager(req_to_blocks={"a": []}, _new_dict={"b": 1, 7: 2}, _offers=[("a", 1), ("zz", 2)],
+                         _empty={}, block_size=16, name="b")
+    manager = KVCacheManager(coordinator=Coordinator(pending={"c"}), stats={"x": 1})
+    session = SimpleNamespace(_requests={"a": 0, "b": 0, "c": 0, "d": 0}, _managers=(mamba,),
+                              scheduler=SimpleNamespace(kv_cache_manager=manager, requests={"d": 0}))
+    assert scheduler_session.SchedulerSession.request_state_left(session) == [
+        ("Coordinator.pending", "c"), ("MambaManager._new_dict", "b"), ("MambaManager._offers", "a"),
+        ("MambaManager.req_to_blocks", "a"), ("Scheduler.requests", "d")]
+    mamba._empty["a"] = 1  # a container empty at the first read is read again at the next
+    assert ("MambaManager._empty", "a") in scheduler_session.SchedulerSession.request_state_left(session)

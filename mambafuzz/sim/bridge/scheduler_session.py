@@ -84,6 +84,11 @@ class SortedIds(set):
         return iter(sorted(set.__iter__(self)))
 
 
+# Per class of the KV-cache manager, its coordinator and single-type managers: the attributes that hold a dict,
+# a set or a list (`SchedulerSession.request_state_left` reads them for a freed request's entries)
+_CONTAINERS: dict[type, tuple[str, ...]] = {}
+
+
 class NoSchedulerOutput(Exception):
     """`schedule()` returned something that is not a SchedulerOutput: vLLM broke its contract with
     the engine core (the harness files it as a contract finding, SCHEDULE_RETURNS_OUTPUT)."""
@@ -459,6 +464,103 @@ class SchedulerSession:
         unreferenced = counts.count(0) - (counts[null] == 0)  # the null block left out of both counts
         negative = sum(c < 0 for c in counts) - (counts[null] < 0) if min(counts) < 0 else 0
         return (pool.get_num_free_blocks(), unreferenced, negative), mismatch
+
+    def request_state_left(self) -> list[tuple[str, str]]:
+        """(where, request) for every entry a freed request left in the KV-cache manager's
+        per-request state, for `pool_accounting:request-state-at-end` (read once, when a run ended
+        with every request done). vLLM 0.32 drops a request's entries as it frees its blocks
+        (`pop_blocks_for_free`: single_type_kv_cache_manager.py:576-578 for `req_to_blocks`,
+        `num_cached_block`, `_partial_hit_reqs`; mamba align 1934-1951 for `_allocated_block_reqs`,
+        `last_state_block_idx`, `_num_retired_blocks`, `_checkpoints`, `_producer_partial_tail_reqs`
+        and the pending boundary-state hand-offs), and the scheduler its request
+        (`Scheduler._free_blocks`, sched/scheduler.py:2746-2749). Read by shape, not by name, so a
+        container a later vLLM adds is read too: every dict or set of the manager, its coordinator and
+        each single-type manager whose keys are this session's request ids, every list whose entries
+        are tuples that start with one, and the scheduler's `requests`. Where: `Class.attribute`."""
+        ids = self._requests.keys()
+        manager = self.scheduler.kv_cache_manager
+        left: list[tuple[str, str]] = []
+        for owner in (manager, manager.coordinator, *self._managers):
+            names = _CONTAINERS.get(type(owner))
+            if names is None:  # the class's containers, found once a process (vLLM sets them all in __init__)
+                names = _CONTAINERS[type(owner)] = tuple(sorted(
+                    name for name, value in vars(owner).items() if isinstance(value, (dict, set, frozenset, list))))
+            for name in names:
+                value = getattr(owner, name, None)
+                if not value:  # the common case at a run's end: empty
+                    continue
+                if isinstance(value, (dict, set, frozenset)):
+                    held = [k for k in value if isinstance(k, str) and k in ids]
+                elif isinstance(value, list):
+                    held = [e[0] for e in value if isinstance(e, tuple) and e and isinstance(e[0], str) and e[0] in ids]
+                else:
+                    continue
+                left += [(f"{type(owner).__name__}.{name}", rid) for rid in sorted(set(held))]
+        left += [("Scheduler.requests", rid) for rid in sorted(self.scheduler.requests) if rid in ids]
+        return left
+
+    def watch_frees(self, report: Callable[[str, int, int, int, str], None]) -> None:
+        """Check a request's attention tables each time vLLM frees them, before the blocks go back
+        (`KVCacheManager.free` and `pop_blocks_for_free`, the only ways vLLM 0.32 frees a request:
+        finished, aborted or preempted, sched/scheduler.py:2766-2775, 3151): every block at column i
+        of a group that is not mamba that carries a prefix-cache key carries the request's own hash
+        for the tokens its key claims, with its group's id (`make_block_hash_with_group_id`), and that
+        token count ends inside column i. `BlockPool.cache_full_blocks` keys block i by the hash at
+        (i + 1) * block_size (block_pool.py:263-300; `resolve_block_hashes` takes the hash-unit hash at
+        that boundary, kv_cache_utils.py:2690-2715), `cache_partial_block` a prompt tail inside its
+        block by the hash at its boundary (block_pool.py:449-510), and a hit hands out the block found
+        under the request's own hash (`get_cached_block`, 198-224; a partial hit is copied before the
+        request writes, single_type_kv_cache_manager.py:393). Mamba groups are left to the state audit.
+        `report(request, group, column, block id, what is wrong)` for each block that breaks it: no
+        per-step cost, one pass over a request's tables per free. With prefix caching off: nothing."""
+        manager = self.scheduler.kv_cache_manager
+        groups = tuple(m for m in self._managers if not isinstance(m, MambaManager))
+        if not groups or not self.block_pool.enable_caching:
+            return
+        unit = self.hash_block_size
+
+        # (table map, block size, group id, the key suffix make_block_hash_with_group_id appends for the group)
+        checked = tuple((m.req_to_blocks, m.block_size, m.kv_cache_group_id,
+                         bytes(make_block_hash_with_group_id(b"", m.kv_cache_group_id))) for m in groups)
+
+        def check(request) -> None:
+            rid, hashes = request.request_id, request.block_hashes
+            for tables, size, group, suffix in checked:
+                table = tables.get(rid)
+                if not table:
+                    continue
+                end = 0  # column * size, then (column + 1) * size
+                for column, block in enumerate(table):
+                    start, end = end, end + size
+                    key = block.block_hash
+                    if key is None:  # the null block never carries one
+                        continue
+                    tokens = block.block_hash_num_tokens
+                    # the common case first: a key inside its column, on the hash grid, that is the request's own hash
+                    if (tokens is not None and start < tokens <= end and not tokens % unit
+                            and tokens // unit <= len(hashes) and key == hashes[tokens // unit - 1] + suffix):
+                        continue
+                    if tokens is None or not start < tokens <= end or tokens % unit:
+                        what = f"a key for {tokens} tokens, not inside column {column} (tokens {start}..{end})"
+                    elif tokens // unit > len(hashes):
+                        what = f"a key for {tokens} tokens, past the request's {len(hashes) * unit} hashed tokens"
+                    elif bytes(key[:-4]) == bytes(hashes[tokens // unit - 1]):
+                        what = f"the request's hash for {tokens} tokens under another group's id"
+                    else:
+                        what = f"a key for {tokens} tokens that is not the request's hash of its first {tokens} tokens"
+                    report(rid, group, column, block.block_id, what)
+
+        free, pop = manager.free, manager.pop_blocks_for_free
+
+        def checked_free(request, *args, **kwargs):
+            check(request)
+            return free(request, *args, **kwargs)
+
+        def checked_pop(request, *args, **kwargs):
+            check(request)
+            return pop(request, *args, **kwargs)
+
+        manager.free, manager.pop_blocks_for_free = checked_free, checked_pop
 
     def num_free_blocks(self) -> int:
         """The pool's free count, as vLLM reports it."""

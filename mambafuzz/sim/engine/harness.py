@@ -242,6 +242,7 @@ class _Runner:
             self.cache_scan.check_view()
         if self.trace.crash is None and not self.trace.timed_out and not self.trace.hit_bound:
             self.trace.held_at_end = self.session.block_holders()
+            self.trace.request_state_at_end = self.session.request_state_left()
             if self.trace.steps and (not self.trace.pool or self.trace.pool[-1][0] != len(self.trace.steps) - 1):
                 self.pool_facts.walk(len(self.trace.steps) - 1)
         for rid in self.ids:

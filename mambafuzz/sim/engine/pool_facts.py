@@ -1,7 +1,8 @@
 """The resource facts a run's trace keeps after each engine step, for the resource oracles
 (mambafuzz.checks.resources): the pool's accounting, the blocks in use at the peak, allocations
 over vLLM's estimate, LRU evictions, and the blocks of a request that holds the pool alone (the
-capacity vLLM promised at start-up)."""
+capacity vLLM promised at start-up); and, as vLLM frees a request, the keys of its cached
+attention blocks (`attention_key`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ class PoolFacts:
         self.trace = trace
         self._walked_free: int | None = None  # the free count at the pool's last walk
         self._free_count = session.num_free_blocks  # bound once: read after every step
+        steps, keys = trace.steps, trace.attention_keys
+
+        def wrong_key(request: str, group: int, column: int, block: int, what: str) -> None:
+            keys.append((len(steps) - 1, request, group, column, block, what))  # the step running
+
+        session.watch_frees(wrong_key)  # checked as vLLM frees a request: nothing per step
 
     def step(self, step: int) -> None:
         """The step's resource facts: the pool's accounting, the blocks in use, LRU evictions, and

@@ -224,6 +224,41 @@ def resource_attention_block_extra() -> list[Patch]:
     return [Wrap(f"{STKM}:FullAttentionManager.allocate_new_blocks", make)]
 
 
+@mutant("bookkeeping: align mode forgets to drop a freed request's last_state_block_idx (a per-request leak)")
+def resource_request_state_kept() -> list[Patch]:
+    def make(original):
+        def kept(self, request_id):
+            last = getattr(self, "last_state_block_idx", {}).get(request_id)
+            blocks = original(self, request_id)
+            if last is not None:
+                self.last_state_block_idx[request_id] = last
+            return blocks
+        return kept
+    return [Wrap(f"{MAMBA}.pop_blocks_for_free", make)]
+
+
+class _HashesOneUnitEarly:
+    """A request whose `block_hashes` read one hash unit early from the second unit on (its other
+    attributes are the request's own)."""
+
+    def __init__(self, request):
+        self._request = request
+        hashes = list(request.block_hashes)
+        self.block_hashes = hashes[:1] + hashes[:-1]
+
+    def __getattr__(self, name):
+        return getattr(self._request, name)
+
+
+@mutant("cache keys: full attention publishes each block under the hash one hash unit before its own")
+def cache_attention_key_one_unit_early() -> list[Patch]:
+    def make(original):
+        def early(self, request, *args, **kwargs):
+            return original(self, _HashesOneUnitEarly(request), *args, **kwargs)
+        return early
+    return [Wrap(f"{STKM}:FullAttentionManager.cache_blocks", make)]
+
+
 @mutant("worker tables: a running request with a partial hit takes the first-allocation path again (CoW in place)")
 def table_first_allocation_rerun() -> list[Patch]:
     """The request's cache-hit block is swapped for its copy inside a table the worker only
