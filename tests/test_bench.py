@@ -22,3 +22,20 @@ def test_harness_speed_bench_runs_and_reports_every_figure():
     for name, row in report["scenarios"].items():
         assert row["harness_steps"] == row["bare_steps"], name  # both loops take the same steps
         assert row["clean"], name
+
+
+def test_harness_cost_split_stubs_real_pieces_and_prints_every_variant():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import harness_cost_split
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    stubs = harness_cost_split._stubs()
+    for name, patches in stubs.items():  # a renamed piece would be stubbed under a name nothing calls
+        for owner, attr, _ in patches:
+            assert hasattr(owner, attr), (name, attr)
+    out = subprocess.run([sys.executable, "bench/harness_cost_split.py", "--reps", "1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for name in ("bare", *stubs):
+        assert any(line.startswith(name) for line in out.stdout.splitlines()), name
