@@ -34,6 +34,7 @@ class AttentionBlocks:
                  trace: Trace):
         self.groups = tuple(groups)  # the attention KV-cache groups, in group order
         self.block_sizes = tuple(block_sizes[g] for g in self.groups)
+        self.finest = min(self.block_sizes)  # a row that crosses no multiple of it completes no block
         self.told = WorkerTables(self.groups, runner)
         self.null = null_block
         self.trace = trace

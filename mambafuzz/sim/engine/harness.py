@@ -578,8 +578,10 @@ class _Runner:
             # the drafter proposes after a row that sampled; otherwise nothing stands behind the
             # next row's placeholders
             live.drafts = self._propose(live, rec.step, live.known) if self.spec and sampled else []
-        if self.attention is not None:  # the row's K/V: its real tokens, and the drafts its sampler accepted
-            self.attention.written(rid, start, end, truth, sampled[:-1] if num_drafts else ())
+        attention = self.attention
+        if attention is not None and (end + num_drafts) // attention.finest > start // attention.finest:
+            # the row's K/V completes a block: its real tokens, and the drafts its sampler accepted
+            attention.written(rid, start, end, truth, sampled[:-1] if num_drafts else ())
         if self.spec:
             post = self.mirror.postprocess(rid, tables, start, n, num_drafts, accepted_count(sampled))
             if post:
