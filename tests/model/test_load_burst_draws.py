@@ -62,3 +62,17 @@ def test_the_burst_parks_whole_prompt_loads_together():
                 and all(r.external_tokens == s.prompt_len(s.requests.index(r)) - 1 for r in loads))
     assert sum(map(parked, before)) <= 5
     assert sum(map(parked, drawn)) >= 40
+
+
+def test_a_generated_burst_shows_the_planted_async_load_spec_deadlock():
+    """Seed 1310 of the random generator draws two 128-token prompts loaded whole but one token,
+    arriving together under MTP on a 17-block pool (Qwen3-Next-80B's layout): the planted deadlock
+    stalls it and vLLM 0.32.0 runs it clean. With the burst left out the same seed draws neither
+    the loads' lengths nor the pool, and stays clean with the planted bug (its kill is not confirmed)."""
+    from mambafuzz.tools.mutation import kills
+
+    drawn, before = _with_and_without([1310])
+    ok, why = kills.confirms_kill(drawn[0], "fixed", "deadlock_async_load_spec_slots_both", signature="stall:step-bound")
+    assert ok, why
+    ok, why = kills.confirms_kill(before[0], "fixed", "deadlock_async_load_spec_slots_both")
+    assert not ok, why
