@@ -19,6 +19,7 @@ import random
 from typing import Protocol
 
 from mambafuzz.model.architectures import ARCHITECTURES, DEFAULT_MODEL
+from mambafuzz.model.architectures import get as get_architecture
 from mambafuzz.model.scenario import (
     MAX_PROMPT_TOKENS,
     EngineConfig,
@@ -224,8 +225,67 @@ def draw_scenario(src: Source) -> Scenario:
     engine.model = draw_model(src, scenario)
     _draw_continuations(src, scenario)  # it changes no other draw
     _draw_connector(src, scenario)  # it changes no other draw either
-    _draw_priorities(src, scenario)  # last of all, for the same reason
+    _draw_priorities(src, scenario)  # it changes no other draw either
+    _draw_load_burst(src, scenario)  # last of all: it revises earlier draws only where it fires
     return scenario
+
+
+def _near(src: Source, most: int) -> int:
+    """An offset from an edge: the edge itself half the time, else up to `most` either side."""
+    return 0 if src.bool() else src.int(-most, most)
+
+
+def _draw_load_burst(src: Source, scenario: Scenario) -> None:
+    """A prefill instance's hand-off to a P/D decode instance under memory pressure, in half of the
+    scenarios whose requests load asynchronously: the shape the upstream reports of parked-load
+    deadlocks describe (vllm-project/vllm#44560, #45406, #57104: concurrent async loads of whole
+    prompts that fill the pool between them). Each edge is drawn on its own:
+    - every other request with a prompt to hand over joins the loads, half the time each;
+    - the loads' prompts end at the attention block grid (or within 3 tokens of it), half the time;
+    - the loads take the whole prompt but one token (as a P/D transfer hands it over), 3 times in 4;
+    - they arrive together, and max_num_seqs admits them all (all parked at once), 3 times in 4;
+    - the pool is the blocks the parked loads hold between them (each its loaded attention blocks and
+      1 + k state blocks per mamba group, plus the null block), or one block either side, 3 times in 4; no
+      lower than vLLM's start-up minimum.
+    Spec decoding, the model and every other dimension are left as drawn, so the edge serves any
+    reservation between parked loads, not one config. Drawn after every other dimension: an input
+    recorded before it decodes to the same scenario unless it fires; an edit that would make the
+    scenario invalid is not made (none of it is)."""
+    requests = scenario.requests
+    loads = [i for i, r in enumerate(requests) if r.external_tokens and r.external_async]
+    if not loads or src.bool():
+        return
+    e = dataclasses.replace(scenario.engine)
+    edited = dataclasses.replace(scenario, engine=e,
+                                 requests=[dataclasses.replace(r, prefix_ids=list(r.prefix_ids)) for r in requests])
+    reqs = edited.requests
+    for i, r in enumerate(reqs):
+        joins = src.bool()
+        if joins and i not in loads and r.continues is None and edited.prompt_len(i) > 1:
+            r.external_tokens, r.external_async = edited.prompt_len(i) - 1, True
+            loads.append(i)
+    whole, together, edge, spread = src.int(0, 3), src.int(0, 3), src.int(0, 3), _near(src, 1)
+    if src.bool():  # prompts that end at the attention block grid or within 3 tokens of it
+        a = e.attn_block_size
+        for i in loads:
+            plen, r = edited.prompt_len(i), reqs[i]
+            end = max(a, (plen + a // 2) // a * a) + _near(src, 3)
+            r.unique_len = max(r.unique_len + end - plen, 0 if r.prefix_ids else 1)
+    if whole:
+        for i in loads:
+            reqs[i].external_tokens = edited.prompt_len(i) - 1
+    if together:  # and admitted together: max_num_seqs holds the burst where the budget allows
+        first = min(reqs[i].arrival_step for i in loads)
+        for i in loads:
+            reqs[i].arrival_step = first
+        e.max_num_seqs = max(e.max_num_seqs, min(len(loads), e.max_num_batched_tokens))
+    if edge:
+        groups = get_architecture(e.model).mamba_groups
+        spec = e.num_speculative_tokens if e.uses_spec_decode else 0
+        held = 1 + sum(-(-reqs[i].external_tokens // e.attn_block_size) + groups * (1 + spec) for i in loads)
+        e.num_gpu_blocks = min(max(held + spread, min_pool_blocks(edited)), 4096)
+    if not validate(edited):
+        scenario.engine, scenario.requests[:] = e, reqs
 
 
 def _draw_priorities(src: Source, scenario: Scenario) -> None:

@@ -281,6 +281,56 @@ def resource_free_count_inflated() -> list[Patch]:
     return [Wrap(f"{POOL}.get_num_free_blocks", make)]
 
 
+# ---- async KV loads under spec decode: the reservation of vllm-project/vllm#57104, undone ----
+# vLLM 0.32.0 admits an async KV load (it parks in WAITING_FOR_REMOTE_KVS, holding its blocks, no
+# forward, not preemptible) only if its blocks fit in the free pool less `reserved_blocks`
+# (scheduler.py:1241-1251): the blocks every other in-flight prefill still needs to be promoted
+# (`_inflight_prefill_reserved_blocks`, :3088-3092, whose `_request_remaining_blocks` counts each
+# one's first spec-decode step, 1 + num_spec_tokens + num_lookahead_tokens slots, :3064-3065) plus
+# the admitted load's own spec-decode step (`_spec_decode_step_blocks`, the attention groups'
+# blocks for those slots, :347-357). The load itself allocates no lookahead slots (:1224-1227), so
+# a finished load needs them at promotion; without the reservation two parked loads can fill the
+# pool and neither is ever promoted (the deadlock vllm-project/vllm#57104 fixed). Two halves:
+
+
+def _without_own_spec_step_blocks() -> list[Patch]:
+    """An async load's admission no longer keeps its own first spec-decode step's blocks free
+    (`_spec_decode_step_blocks` is read only in that reservation, scheduler.py:1250)."""
+    def make(original):
+        def init(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            self._spec_decode_step_blocks = 0
+        return init
+    return [Wrap(f"{SCHED}.__init__", make)]
+
+
+def _without_inflight_spec_slots() -> list[Patch]:
+    """Another in-flight prefill's reservation counts its sequence alone, not the slots of its
+    first spec-decode step."""
+    return [Rewrite(f"{SCHED}._request_remaining_blocks", ((
+        "num_tokens += 1 + self.num_spec_tokens + self.num_lookahead_tokens",
+        "pass  # mutant: the spec-decode step's slots are not reserved",
+    ),))]
+
+
+@mutant("deadlock (vllm-project/vllm#57104 undone): an async KV load's reservation leaves out the spec-decode "
+        "step's slots, its own and those of the other in-flight prefills")
+def deadlock_async_load_spec_slots_both() -> list[Patch]:
+    return _without_own_spec_step_blocks() + _without_inflight_spec_slots()
+
+
+@mutant("deadlock (half of vllm-project/vllm#57104 undone): an async KV load's admission does not keep its own "
+        "spec-decode step's blocks free")
+def deadlock_async_load_spec_slots_own() -> list[Patch]:
+    return _without_own_spec_step_blocks()
+
+
+@mutant("deadlock (half of vllm-project/vllm#57104 undone): the reservation for other in-flight prefills leaves "
+        "out their spec-decode step's slots")
+def deadlock_async_load_spec_slots_others() -> list[Patch]:
+    return _without_inflight_spec_slots()
+
+
 # ---- worker code: the metadata builders and V2's model state (the conform target calls them) ----
 GDN_BUILDER = "vllm.v1.attention.backends.gdn_attn:GDNAttentionMetadataBuilder"
 MAMBA_BUILDER = "vllm.v1.attention.backends.mamba_attn:BaseMambaAttentionMetadataBuilder"
