@@ -31,6 +31,19 @@ from mambafuzz.store.report import trace_digest  # noqa: E402
 
 
 def inputs(generated: int, continuations: bool = False):
+    """The corpus and `generated` random scenarios, drawn without the generator's load burst (its last
+    draw, which revises earlier fields only where it fires): the scenarios a tree before the burst drew."""
+    from mambafuzz.model import generate
+
+    burst = generate._draw_load_burst
+    generate._draw_load_burst = lambda src, scenario: None
+    try:
+        yield from _inputs(generated, continuations)
+    finally:
+        generate._draw_load_burst = burst
+
+
+def _inputs(generated: int, continuations: bool = False):
     dirs = [ROOT / "corpus" / d for d in ("seeds", "regressions", "upstream")]
     for case in iter_cases([d for d in dirs if d.exists()], warn=lambda msg: None):
         yield str(case.path.relative_to(ROOT)), case.scenario
