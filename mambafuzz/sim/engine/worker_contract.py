@@ -83,26 +83,6 @@ def check_told_blocks(rid: str, told: Sequence[list[int]], held: Sequence[Sequen
     `own_scratch(rid, block)` says whether the request alone holds the block, unhashed. It runs
     per row, so it reads the few columns a row uses in place: align mode nulls skipped blocks in
     the manager's table only, and the two tables differ on most rows."""
-    # The common row reads and writes one column (its chunk-end state), the same in every group, and both
-    # tables hold the same block there: a few comparisons, no set (this runs per row)
-    one = read_column >= 0
-    if one:
-        for write in writes:
-            if write[0] != read_column:
-                one = False
-                break
-        else:
-            for read in rest_reads:
-                if read.read_column != read_column:
-                    one = False
-                    break
-    if one:
-        for worker, manager in zip(told, held):
-            if not (read_column < len(worker) and read_column < len(manager)
-                    and worker[read_column] == manager[read_column].block_id):
-                break
-        else:
-            return
     columns = {read_column}
     for write in writes:
         columns.add(write[0])
