@@ -43,7 +43,6 @@ def _stubs() -> dict[str, list[tuple[object, str, object]]]:
         "- lone holder": [(scheduler_session.SchedulerSession, "lone_holding", lambda self: None)],
         "- cache audit scan": [(cache_scan.CacheScan, "step", lambda self, rec: None)],
         "- attention contents": [(attention_kv.AttentionBlocks, "written", lambda self, *a, **k: None),
-                                 (attention_kv.AttentionBlocks, "update", lambda self, out: None),
                                  (attention_kv.AttentionBlocks, "judge_hit", lambda self, *a: None)],
         "- told-blocks rule": [(harness, "check_told_blocks", lambda *a: None)],
         "- free-time key check": [(scheduler_session.SchedulerSession, "watch_frees", lambda self, report: None)],

@@ -11,6 +11,7 @@ from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario
 from mambafuzz.sim.engine.attention_kv import AttentionBlocks
 from mambafuzz.sim.state import PrefixStates
 from mambafuzz.sim.trace import Trace
+from mambafuzz.sim.worker.worker_tables import WorkerTables
 
 NULL = 0
 
@@ -18,7 +19,8 @@ NULL = 0
 def _blocks(block_size: int = 4) -> tuple[AttentionBlocks, Trace]:
     trace = Trace(split="fixed", prefix_caching=True, group_kinds=("FullAttentionSpec", "mamba"),
                   group_block_sizes=(block_size, 8))
-    return AttentionBlocks([0], trace.group_block_sizes, "v2", NULL, trace), trace
+    told = WorkerTables((), "v2", side_groups=(0,))  # the harness's one pass keeps the attention group aside
+    return AttentionBlocks(told, trace.group_block_sizes, NULL, trace), trace
 
 
 def _new(rid: str, blocks: list[int], computed: int = 0) -> SimpleNamespace:
@@ -32,9 +34,9 @@ def _new(rid: str, blocks: list[int], computed: int = 0) -> SimpleNamespace:
 def test_a_hit_on_blocks_the_request_computed_is_clean():
     attn, trace = _blocks()
     truth = PrefixStates(list(range(1, 13)))
-    attn.update(_new("a", [5, 6, 7]))
+    attn.told.update(_new("a", [5, 6, 7]))
     attn.written("a", 0, 12, truth)
-    attn.update(_new("b", [5, 6, 9], computed=8))
+    attn.told.update(_new("b", [5, 6, 9], computed=8))
     attn.judge_hit(3, "b", 8, PrefixStates(list(range(1, 13))))
     assert trace.attention_stale_hits == [] and check.check_attention_hits(trace) is None
 
@@ -42,9 +44,9 @@ def test_a_hit_on_blocks_the_request_computed_is_clean():
 def test_a_block_keyed_but_never_computed_is_a_stale_hit():
     attn, trace = _blocks()
     truth = PrefixStates(list(range(1, 13)))
-    attn.update(_new("a", [5, 6, 7]))
+    attn.told.update(_new("a", [5, 6, 7]))
     attn.written("a", 0, 6, truth)  # the chunk 6..12 never ran: block 6 is not complete, block 7 untouched
-    attn.update(_new("b", [5, 6, 7], computed=12))
+    attn.told.update(_new("b", [5, 6, 7], computed=12))
     attn.judge_hit(4, "b", 12, PrefixStates(list(range(1, 13))))
     assert trace.attention_stale_hits == [(4, "b", 0, 1, 6, 8, False)]
     finding = check.check_attention_hits(trace)
@@ -53,9 +55,9 @@ def test_a_block_keyed_but_never_computed_is_a_stale_hit():
 
 def test_a_block_holding_another_prefix_is_a_stale_hit():
     attn, trace = _blocks()
-    attn.update(_new("a", [5, 6]))
+    attn.told.update(_new("a", [5, 6]))
     attn.written("a", 0, 8, PrefixStates([9] * 8))
-    attn.update(_new("b", [5, 6], computed=8))
+    attn.told.update(_new("b", [5, 6], computed=8))
     attn.judge_hit(2, "b", 8, PrefixStates(list(range(1, 9))))
     assert trace.attention_stale_hits[0][-1] is True
     assert check.check_attention_hits(trace).mechanism == "other-prefix"
@@ -67,9 +69,9 @@ def test_accepted_drafts_complete_a_block_before_the_truth_holds_them():
     attn, trace = _blocks()
     tokens = list(range(1, 9))
     truth = PrefixStates(tokens[:6])
-    attn.update(_new("a", [5, 6]))
+    attn.told.update(_new("a", [5, 6]))
     attn.written("a", 0, 6, truth, beyond=tokens[6:8])
-    attn.update(_new("b", [5, 6], computed=8))
+    attn.told.update(_new("b", [5, 6], computed=8))
     attn.judge_hit(1, "b", 8, PrefixStates(tokens))
     assert trace.attention_stale_hits == []
 
@@ -77,9 +79,9 @@ def test_accepted_drafts_complete_a_block_before_the_truth_holds_them():
 def test_null_columns_and_partial_blocks_are_not_judged():
     attn, trace = _blocks()
     truth = PrefixStates(list(range(1, 11)))
-    attn.update(_new("a", [NULL, 6, 7]))
+    attn.told.update(_new("a", [NULL, 6, 7]))
     attn.written("a", 4, 10, truth)
-    attn.update(_new("b", [NULL, 6, 7], computed=10))
+    attn.told.update(_new("b", [NULL, 6, 7], computed=10))
     attn.judge_hit(1, "b", 10, PrefixStates(list(range(1, 11))))  # column 2 covers 8..12: partial, not judged
     assert trace.attention_stale_hits == []
 

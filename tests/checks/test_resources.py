@@ -174,6 +174,12 @@ def test_the_pool_walk_counts_holders_in_tables_and_deferred_frees():
     assert scheduler_session.SchedulerSession.walk_pool(session) == ((1, 0, 0), (3, 1, 0, 0))
     blocks[3].ref_cnt, blocks[2].ref_cnt = -1, 1
     assert scheduler_session.SchedulerSession.walk_pool(session) == ((1, 0, 1), (2, 1, 1, 1))
+    # the null block's own count, negative (free_blocks decrements it) or 0, changes no figure
+    for null_count in (-3, 0):
+        blocks[0].ref_cnt = null_count
+        assert scheduler_session.SchedulerSession.walk_pool(session) == ((1, 0, 1), (2, 1, 1, 1))
+    blocks[3].ref_cnt = 0
+    assert scheduler_session.SchedulerSession.walk_pool(session) == ((1, 1, 0), (2, 1, 1, 1))
 
 
 def test_an_allocation_past_its_estimate_is_found():

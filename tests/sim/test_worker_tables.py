@@ -42,6 +42,21 @@ def test_tables_come_from_the_messages_appended_and_replaced_on_resumption(runne
     assert t.get("a") is None
 
 
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_side_groups_follow_the_same_messages_in_the_same_pass(runner):
+    t = WorkerTables((1,), runner, side_groups=(0,))  # the attention group, kept aside for attention_kv
+    t.update(output(new=[("a", ([1, 2], [0, 5]))]))
+    assert t.get("a") == ([0, 5],) and t.get_side("a") == ([1, 2],)
+    t.update(output(cached=[("a", ([3], [6]))]))
+    assert t.get_side("a") == ([1, 2, 3],)
+    t.update(output(preempted=["a"]))
+    assert (t.get_side("a") is not None) is (runner == "v1")
+    t.update(output(cached=[("a", ([4], [9]))], resumed=["a"]))
+    assert t.get_side("a") == ([4],)
+    t.update(output(finished=["a"]))
+    assert t.get_side("a") is None and WorkerTables((1,), runner).get_side("a") is None
+
+
 def test_a_running_request_the_worker_never_got_is_an_untold_request():
     t = WorkerTables((0,), "v1")
     with pytest.raises(UntoldRequest):

@@ -453,16 +453,18 @@ class SchedulerSession:
                 holders[block.block_id] += 1
         null = self.null_block_id
         # The counts read in one comprehension, then judged by C-level list operations (equality,
-        # count, min): the walk's one Python-level loop is the read itself
+        # count, min): the walk's one Python-level loop is the read itself. The null block's entry is
+        # set to 0 in both lists, so it is left out of every figure without a test per block (its count
+        # is negative on most steps, which would otherwise send every walk through the negative count)
         counts = [block.ref_cnt for block in blocks]
-        holders[null] = counts[null]  # the null block is left out: its own count is taken as right
+        counts[null] = holders[null] = 0
         mismatch = None
         if counts != holders:
             i = next(i for i, (count, expected) in enumerate(zip(counts, holders)) if count != expected)
             deferred = sum(b.block_id == i for _, d in deferred_frees for b in d)
             mismatch = i, counts[i], holders[i] - deferred, deferred
-        unreferenced = counts.count(0) - (counts[null] == 0)  # the null block left out of both counts
-        negative = sum(c < 0 for c in counts) - (counts[null] < 0) if min(counts) < 0 else 0
+        unreferenced = counts.count(0) - 1  # less the null block's stand-in 0
+        negative = sum(c < 0 for c in counts) if min(counts) < 0 else 0
         return (pool.get_num_free_blocks(), unreferenced, negative), mismatch
 
     def request_state_left(self) -> list[tuple[str, str]]:

@@ -10,7 +10,8 @@ as that; a block published before its tokens were computed (vLLM keys full block
 something else, and a hit that serves it reads KV the scheduler never wrote.
 
 Writes follow the worker: a scheduled row writes K/V for its tokens into the blocks
-SchedulerOutput told it (worker_tables.WorkerTables, one per attention group), real tokens and
+SchedulerOutput told it (the harness's worker_tables.WorkerTables, whose side groups are the
+attention groups: one pass over each output keeps both), real tokens and
 accepted drafts alike; a connector load writes the loaded positions into the blocks the scheduler
 named to it. A block's content is recorded when the request's correct positions reach its end;
 what a row writes into a block it does not complete is not tracked (a later row, or the same
@@ -20,7 +21,6 @@ request's next row after a rejection, completes it).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from mambafuzz.sim.state import PrefixStates
 from mambafuzz.sim.trace import Trace
@@ -30,19 +30,14 @@ from mambafuzz.sim.worker.worker_tables import WorkerTables
 class AttentionBlocks:
     """One run's attention-block contents (block id -> fingerprint of the prefix it holds)."""
 
-    def __init__(self, groups: Sequence[int], block_sizes: Sequence[int], runner: str, null_block: int,
-                 trace: Trace):
-        self.groups = tuple(groups)  # the attention KV-cache groups, in group order
+    def __init__(self, told: WorkerTables, block_sizes: Sequence[int], null_block: int, trace: Trace):
+        self.groups = told.side_groups  # the attention KV-cache groups, in group order
         self.block_sizes = tuple(block_sizes[g] for g in self.groups)
         self.finest = min(self.block_sizes)  # a row that crosses no multiple of it completes no block
-        self.told = WorkerTables(self.groups, runner)
+        self.told = told  # the worker's tables, which the harness updates from each SchedulerOutput
         self.null = null_block
         self.trace = trace
         self.content: dict[int, int] = {}  # block id -> fingerprint of the prefix its K/V hold
-
-    def update(self, out: Any) -> None:
-        """The worker's tables after one SchedulerOutput."""
-        self.told.update(out)
 
     def written(self, rid: str, start: int, end: int, truth: PrefixStates, beyond: Sequence[int] = (),
                 tables: Sequence[list[int]] | None = None) -> None:
@@ -51,7 +46,7 @@ class AttentionBlocks:
         hold yet), in its told tables (or `tables`, one list per attention group: the blocks a
         connector load wrote)."""
         if tables is None:
-            tables = self.told.get(rid)
+            tables = self.told.get_side(rid)
             if tables is None:
                 return
         stop = end + len(beyond)
@@ -70,7 +65,7 @@ class AttentionBlocks:
         must hold the K/V of `rid`'s own prefix up to that block's end. The first miss goes to the
         trace as (step, request, group, column, block, tokens the block claims, whether any sequence's
         K/V ever completed the block)."""
-        tables = self.told.get(rid)
+        tables = self.told.get_side(rid)
         if tables is None or not hit_tokens:
             return
         content, null = self.content, self.null

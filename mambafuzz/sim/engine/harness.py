@@ -183,12 +183,13 @@ class _Runner:
         self._held = session.mamba_tables if len(models) > 1 else lambda rid: (session.mamba_block_ids(rid),)
         self._held_blocks = (session.mamba_block_lists if len(models) > 1 else
                              lambda rid: (session.mamba_blocks(rid),))
-        self.told = WorkerTables(groups, session.runner)
+        # the attention groups' blocks, judged where a prefix-cache hit serves them (no hits without caching);
+        # their told tables come from the same pass over each output as the mamba groups'
+        attention = [g for g, kind in enumerate(session.group_kinds) if kind != "mamba"] if prefix_caching else []
+        self.told = WorkerTables(groups, session.runner, side_groups=attention)
         self._groups = groups
-        # the attention groups' blocks, judged where a prefix-cache hit serves them (no hits without caching)
-        attention = [g for g, kind in enumerate(session.group_kinds) if kind != "mamba"]
-        self.attention = AttentionBlocks(attention, session.group_block_sizes, session.runner, session.null_block_id,
-                                         trace) if prefix_caching and attention else None
+        self.attention = AttentionBlocks(self.told, session.group_block_sizes, session.null_block_id,
+                                         trace) if attention else None
         self._null = session.null_block_id
         self.model = models[0]
         self.mirror = WorkerMirror(models, self.spec)
@@ -393,8 +394,6 @@ class _Runner:
             rec.add("writes", SlotWrite("-", -1, dst, state, "cow"))
         try:
             self.told.update(out)
-            if self.attention is not None:
-                self.attention.update(out)
         except UntoldRequest as exc:
             raise SchedulerContractError(ROW_BLOCKS_AS_TOLD, str(exc)) from None
         preempted = session.preempted(out)
