@@ -31,16 +31,19 @@ from mambafuzz.store.report import trace_digest  # noqa: E402
 
 
 def inputs(generated: int, continuations: bool = False):
-    """The corpus and `generated` random scenarios, drawn without the generator's load burst (its last
-    draw, which revises earlier fields only where it fires): the scenarios a tree before the burst drew."""
+    """The corpus and `generated` random scenarios, drawn without the generator's load burst and every
+    late draw after it (generate.LATE_DRAWS: they revise earlier fields only where they fire): the
+    scenarios a tree before them drew."""
     from mambafuzz.model import generate
 
-    burst = generate._draw_load_burst
-    generate._draw_load_burst = lambda src, scenario: None
+    revisions = {name: getattr(generate, name) for name in generate.draws_from("_draw_load_burst")}
+    for name in revisions:
+        setattr(generate, name, lambda src, scenario: None)
     try:
         yield from _inputs(generated, continuations)
     finally:
-        generate._draw_load_burst = burst
+        for name, draw in revisions.items():
+            setattr(generate, name, draw)
 
 
 def _inputs(generated: int, continuations: bool = False):

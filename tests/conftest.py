@@ -19,6 +19,15 @@ def pytest_configure(config):
 
 from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario  # noqa: E402
 
+
+def leave_out_draws(monkeypatch, first: str) -> None:
+    """Leave the generator's late draw `first` and every one after it out (mambafuzz.model.generate
+    LATE_DRAWS): the scenarios an input gave before `first` existed."""
+    from mambafuzz.model import generate
+
+    for name in generate.draws_from(first):
+        monkeypatch.setattr(generate, name, lambda src, scenario: None)
+
 MAMBA_BLOCK_SIZE = 1600
 ATTN_BLOCK_SIZE = 16
 

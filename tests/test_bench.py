@@ -39,3 +39,66 @@ def test_harness_cost_split_stubs_real_pieces_and_prints_every_variant():
     assert out.returncode == 0, out.stderr[-2000:]
     for name in ("bare", *stubs):
         assert any(line.startswith(name) for line in out.stdout.splitlines()), name
+
+
+def _pair_coverage():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import pair_coverage
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return pair_coverage
+
+
+def test_pair_coverage_tells_a_preemption_after_output_from_one_in_prefill():
+    from types import SimpleNamespace as NS
+
+    from mambafuzz.sim.trace import Chunk
+
+    pc = _pair_coverage()
+
+    def step(chunks=(), preempted=()):
+        return NS(preempted=list(preempted), admissions=[], recv_done=[], writes=[], aborts=[],
+                  chunks=[Chunk(rid, start, n, 0, 0, 0, None, None, False, False) for rid, start, n in chunks])
+
+    scenario = NS(engine=NS(mamba_block_size=8))
+    trace = NS(prompts={"a": (1,) * 8, "b": (1,) * 8}, lru_evictions={}, continuations={},
+               steps=[step([("a", 0, 6), ("b", 0, 4)]), step([("a", 6, 2)]), step(preempted=["a", "b"])])
+    assert pc.event_dimensions(scenario, trace) == {"event:preempted-with-output", "event:preempted-in-prefill"}
+    trace.steps[1].chunks = []  # a never ran past its prompt
+    assert pc.event_dimensions(scenario, trace) == {"event:preempted-in-prefill"}
+
+
+def test_pair_coverage_counts_are_consistent(tmp_path):
+    pc = _pair_coverage()
+    assert {name for name, _ in pc.KNOBS}.isdisjoint(pc.EVENTS)
+    out = subprocess.run([sys.executable, "bench/pair_coverage.py", "12", "--rarest", "3", "--json",
+                          str(tmp_path / "pairs.json")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads((tmp_path / "pairs.json").read_text())
+    runs, dims = report["executions"], report["dimensions"]
+    assert 0 < runs <= 12 and set(dims) == {name for name, _ in pc.KNOBS} | set(pc.EVENTS)
+    assert any(dims.values()), "no dimension seen in any execution"
+    for pair, count in report["pairs"].items():  # a pair occurs no more often than either of its halves
+        a, b = pair.split(" + ")
+        assert 0 < count <= min(dims[a], dims[b]) <= runs, pair
+    assert "pairs of the" in out.stdout and "rarest pairs" in out.stdout
+    bad = subprocess.run([sys.executable, "bench/pair_coverage.py", "0"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert bad.returncode == 2 and "at least 1" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_draw_detection_compares_the_same_seeds_with_and_without_a_draw(capsys):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import draw_detection
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert draw_detection.main(["--seeds", "24", "--mutants", "preempt_keeps_computed"]) == 0
+    out = capsys.readouterr().out
+    changed = int(out.split("changes ")[1].split()[0])
+    assert changed > 0, out  # some of 24 seeds draw the decode pressure
+    assert "preempt_keeps_computed" in out and "total detections:" in out
+    assert draw_detection.main(["--draw", "_draw_nothing"]) == 2
+    assert draw_detection.main(["--mutants", "no_such_bug"]) == 2
+    assert "unknown planted bug" in capsys.readouterr().err

@@ -223,11 +223,23 @@ def draw_scenario(src: Source) -> Scenario:
     # (plus a model): the tiny default half of the time, otherwise an architecture the config suits.
     # Only the model changes: with it set back to the default the scenario is the one drawn before the knob.
     engine.model = draw_model(src, scenario)
-    _draw_continuations(src, scenario)  # it changes no other draw
-    _draw_connector(src, scenario)  # it changes no other draw either
-    _draw_priorities(src, scenario)  # it changes no other draw either
-    _draw_load_burst(src, scenario)  # last of all: it revises earlier draws only where it fires
+    for name in LATE_DRAWS:  # by name, so a test or bench can leave one out (and every one after it)
+        globals()[name](src, scenario)
     return scenario
+
+
+# The draws made after every field above, in order, each added after the ones before it so that an
+# input recorded earlier decodes to the same scenario plus the new draw: request links, the connector's
+# behaviour and priorities change no other field; the load burst and decode pressure revise earlier
+# fields only where they fire. A new draw goes at the end.
+LATE_DRAWS = ("_draw_continuations", "_draw_connector", "_draw_priorities", "_draw_load_burst",
+              "_draw_decode_pressure")
+
+
+def draws_from(name: str) -> tuple[str, ...]:
+    """`name` and every late draw after it: what a caller leaves out to get the scenarios drawn before
+    `name` existed (each later draw would otherwise read another part of the input)."""
+    return LATE_DRAWS[LATE_DRAWS.index(name):]
 
 
 def _near(src: Source, most: int) -> int:
@@ -284,6 +296,61 @@ def _draw_load_burst(src: Source, scenario: Scenario) -> None:
         spec = e.num_speculative_tokens if e.uses_spec_decode else 0
         held = 1 + sum(-(-reqs[i].external_tokens // e.attn_block_size) + groups * (1 + spec) for i in loads)
         e.num_gpu_blocks = min(max(held + spread, min_pool_blocks(edited)), 4096)
+    if not validate(edited):
+        scenario.engine, scenario.requests[:] = e, reqs
+
+
+MAX_PRESSURE_OUTPUT_TOKENS = 64  # a decode drawn to outgrow the pool stays this short (executions stay cheap)
+
+
+def _draw_decode_pressure(src: Source, scenario: Scenario) -> None:
+    """Decodes that outgrow the pool, in one scenario of six with two requests or more. Before it,
+    1.1% of the generator's executions preempted a request that had sampled (bench/pair_coverage.py:
+    the rarest dimension, and every pair under 1% involved a preemption), while vLLM's resume path
+    (a re-prefill of prompt and outputs, prefill_end past the prompt, a stale output in flight)
+    is where many surviving mutants live (bench/mutation_classes.json: "needs a preempted request
+    with outputs"). Each edge is drawn on its own:
+    - each request's decode runs 1 to 3 attention blocks past its prompt's last block boundary
+      (at most MAX_PRESSURE_OUTPUT_TOKENS tokens): every request's, 3 times in 4 (so the requests
+      are decoding together when the pool runs out, and the victim has sampled), else each by a coin;
+    - the requests arrive together (continuations excepted) and max_num_seqs admits them all, half
+      the time;
+    - the pool is drawn between vLLM's start-up minimum and one block less than the requests would
+      hold at their ends together (each its attention blocks and 1 + k state blocks per mamba group,
+      plus the null block), 3 times in 4: shared prefixes, prefills that end at other steps and
+      requests that finish early hold less than that sum, so a pool just under it is often enough.
+    Everything else stays as drawn (spec decode, scheduling, connector, model), so the pressure
+    meets every other dimension. Drawn after every other draw: an input recorded before it decodes
+    to the same scenario unless it fires; an edit that would make the scenario invalid is not made."""
+    requests = scenario.requests
+    if len(requests) < 2 or src.int(0, 5):
+        return
+    e = dataclasses.replace(scenario.engine)
+    edited = dataclasses.replace(scenario, engine=e,
+                                 requests=[dataclasses.replace(r, prefix_ids=list(r.prefix_ids)) for r in requests])
+    reqs = edited.requests
+    a = e.attn_block_size
+    every = src.int(0, 3)  # every request decodes past its prompt's blocks (3 times in 4), else each by a coin
+    for i, r in enumerate(reqs):
+        if (every or src.bool()) and r.continues is None:
+            past = a - edited.prompt_len(i) % a  # tokens to the prompt's next attention block boundary
+            r.max_tokens = min(max(r.max_tokens, past + src.int(0, 2) * a + src.int(1, a)), MAX_PRESSURE_OUTPUT_TOKENS)
+    together, tight = src.bool(), src.int(0, 3)
+    fresh = [r for r in reqs if r.continues is None]  # a continuation arrives when its earlier request ends
+    if together and len(fresh) > 1:
+        first = min(r.arrival_step for r in fresh)
+        for r in fresh:
+            r.arrival_step = first
+        e.max_num_seqs = max(e.max_num_seqs, min(len(fresh), e.max_num_batched_tokens))
+    if tight:
+        groups = get_architecture(e.model).mamba_groups
+        spec = e.num_speculative_tokens if e.uses_spec_decode else 0
+        held = 1 + sum(-(-(edited.prompt_len(i) + r.max_tokens + spec) // a) + groups * (1 + spec)
+                       for i, r in enumerate(reqs))
+        # shared prefixes, prefills that end at other steps and requests that finish early hold less
+        # than that: anywhere from vLLM's start-up minimum up to it, less one
+        floor = min_pool_blocks(edited)
+        e.num_gpu_blocks = min(src.int(floor, max(floor, held - 1)), 4096)
     if not validate(edited):
         scenario.engine, scenario.requests[:] = e, reqs
 

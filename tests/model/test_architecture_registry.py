@@ -18,6 +18,7 @@ from mambafuzz.model.scenario import (
     validate,
 )
 from mambafuzz.search import minimizer
+from tests.conftest import leave_out_draws
 
 
 def _scenario(**engine) -> Scenario:
@@ -86,11 +87,8 @@ def test_pool_sizing_counts_the_models_mamba_groups():
 
 def test_model_is_the_generators_last_draw(monkeypatch):
     """Every field but the model decodes as it did before the knob: the draw comes after all others
-    but the ones added since (request links, the connector's behaviour, priorities, the load burst), left out of both runs here."""
-    monkeypatch.setattr(generate, "_draw_continuations", lambda src, scenario: None)
-    monkeypatch.setattr(generate, "_draw_connector", lambda src, scenario: None)
-    monkeypatch.setattr(generate, "_draw_priorities", lambda src, scenario: None)
-    monkeypatch.setattr(generate, "_draw_load_burst", lambda src, scenario: None)
+    but the ones added since (generate.LATE_DRAWS), left out of both runs here."""
+    leave_out_draws(monkeypatch, "_draw_continuations")
     drawn = [generate.random_scenario(random.Random(seed)) for seed in range(60)]
     assert {s.engine.model for s in drawn} - {arch.DEFAULT_MODEL}, "the generator never draws another model"
     monkeypatch.setattr(generate, "draw_model", lambda src, scenario: arch.DEFAULT_MODEL)

@@ -7,8 +7,11 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
+
 from mambafuzz.model import generate
 from mambafuzz.model.scenario import validate
+from tests.conftest import leave_out_draws
 
 # the fields the burst may revise; everything else is as the earlier draws left it
 ENGINE_FIELDS = {"num_gpu_blocks", "max_num_seqs"}
@@ -16,13 +19,11 @@ REQUEST_FIELDS = {"arrival_step", "external_tokens", "external_async", "unique_l
 
 
 def _with_and_without(seeds):
-    drawn = [generate.random_scenario(random.Random(seed)) for seed in seeds]
-    burst = generate._draw_load_burst
-    try:
-        generate._draw_load_burst = lambda src, scenario: None
+    with pytest.MonkeyPatch.context() as mp:
+        leave_out_draws(mp, generate.draws_from("_draw_load_burst")[1])  # the draws after it: out of both runs
+        drawn = [generate.random_scenario(random.Random(seed)) for seed in seeds]
+        leave_out_draws(mp, "_draw_load_burst")
         before = [generate.random_scenario(random.Random(seed)) for seed in seeds]
-    finally:
-        generate._draw_load_burst = burst
     return drawn, before
 
 

@@ -12,6 +12,7 @@ from mambafuzz.model.generate import random_scenario
 from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ScenarioError, validate
 from mambafuzz.model.step_plan import DONE, StepPlan
 from mambafuzz.search import minimizer
+from tests.conftest import leave_out_draws
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,19 +131,13 @@ def test_the_generator_draws_chains_and_retries_and_keeps_every_other_draw():
 
 def test_the_links_are_drawn_last():
     """Unlinking a generated scenario gives exactly the scenario the same input gave before."""
-    from mambafuzz.model import generate
 
-    later = generate._draw_connector, generate._draw_priorities, generate._draw_load_burst  # drawn after the links
-    for seed in range(60):  # (left out of both runs)
-        original = generate._draw_continuations
-        generate._draw_connector = generate._draw_priorities = generate._draw_load_burst = lambda src, scenario: None
-        try:
+    for seed in range(60):
+        with pytest.MonkeyPatch.context() as mp:
+            leave_out_draws(mp, "_draw_connector")  # the draws after the links: left out of both runs
             s = random_scenario(random.Random(seed))
-            generate._draw_continuations = lambda src, scenario: None
+            leave_out_draws(mp, "_draw_continuations")
             before = random_scenario(random.Random(seed))
-        finally:
-            generate._draw_continuations = original
-            generate._draw_connector, generate._draw_priorities, generate._draw_load_burst = later
         for r in s.requests:
             r.continues = r.continue_outputs = None
         assert s == before, seed
