@@ -12,6 +12,7 @@ counted as that bug (and the reason says the fix could not be checked), else it 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,16 +48,37 @@ def known_bugs_for(dirs: list[Path], split: str) -> list[KnownBug]:
 
 
 def clean_under(scenario, split: str, bugs: tuple[KnownBug, ...] | list[KnownBug]) -> bool:
-    """Does `scenario` replay clean with these bugs' fixes (patches, or their split) applied?"""
+    """Does `scenario` replay clean with these bugs' fixes (patches, or their split) applied?
+
+    A fix may change what vLLM's start-up check asks (finding 6's reserves more mamba blocks).
+    When the fixed check asks more than the scenario's pool, an engine with the fix would not
+    start on that pool, so the replay is judged on the smallest pool the fixed engine accepts."""
     from mambafuzz.checks.pipeline import evaluate
     from mambafuzz.model.scenario import ScenarioError
 
     fix_split = next((b.fix_split for b in bugs if b.fix_split), split)
     patches = [p for b in bugs for p in b.patches]
     try:
-        return evaluate(scenario, fix_split, efficiency=False, patches=patches).verdict.clean
+        ev = evaluate(scenario, fix_split, efficiency=False, patches=patches)
+        if ev.verdict.clean:
+            return True
+        floor = pool_floor_raised_by_fix(scenario, ev.trace)
+        if floor is None:
+            return False
+        raised = dataclasses.replace(scenario, engine=dataclasses.replace(scenario.engine, num_gpu_blocks=floor))
+        return evaluate(raised, fix_split, efficiency=False, patches=patches).verdict.clean
     except ScenarioError:
         return False
+
+
+def pool_floor_raised_by_fix(scenario, fixed_trace) -> int | None:
+    """The start-up minimum of the fixed vLLM (`fixed_trace`, a replay under the fix) when it is
+    above the scenario's own pool, else None. Unpatched, a scenario's pool is never below vLLM's
+    minimum (the validator's `min_pool_blocks`), so only a fix that raises the check gives one."""
+    pool, floor = scenario.engine.num_gpu_blocks, fixed_trace.startup_min_blocks
+    if pool is None or floor is None or floor <= pool:
+        return None
+    return floor
 
 
 def untriaged_explanation(scenario, split: str, signature: str, candidates: list[KnownBug],

@@ -176,3 +176,22 @@ def test_pr_mode_files_what_its_base_does_not_show_even_where_a_known_fix_explai
     assert meta["attribution"]["known"] == ["internal_checkpoint_midblock_resume"]  # a label only
     assert pre.pre_existing and pre.path.parent.name == "pre-existing" and pr.filed == [filed]
     assert corpus.load_case(pre.path).extra["finding"]["attribution"]["known"] == ["internal_checkpoint_midblock_resume"]
+
+
+PP_STALL = ROOT / "corpus" / "untriaged" / "mtp_async_two_request_stall_near_min_pool.json"
+IN_FLIGHT = "async_inflight_state_block_beyond_startup_reserve"
+
+
+def test_a_fix_that_raises_the_startup_minimum_is_judged_on_the_pool_the_fixed_engine_accepts():
+    """Finding 6's fix reserves the state columns of the batches in flight, so the fixed start-up
+    check asks 67 blocks for this PP=4 MTP case and refuses its 65-block pool: an engine with the
+    fix never runs it there. Replayed on 67 blocks under the fix it is clean, so the stall is
+    finding 6's; with no fix it still stalls (the raised pool comes only from a fix)."""
+    case = corpus.load_case(PP_STALL)
+    bugs = attribution.known_bugs_for(KNOWN, "fixed")
+    in_flight = [b for b in bugs if b.name == IN_FLIGHT]
+    assert in_flight and case.scenario.engine.num_gpu_blocks == 65
+    assert not attribution.clean_under(case.scenario, "fixed", ())
+    fixed = evaluate(case.scenario, "fixed", efficiency=False, patches=in_flight[0].patches)
+    assert attribution.pool_floor_raised_by_fix(case.scenario, fixed.trace) == 67
+    assert attribution.clean_under(case.scenario, "fixed", in_flight)
