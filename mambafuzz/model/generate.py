@@ -226,7 +226,8 @@ def draw_scenario(src: Source) -> Scenario:
     _draw_continuations(src, scenario)  # it changes no other draw
     _draw_connector(src, scenario)  # it changes no other draw either
     _draw_priorities(src, scenario)  # it changes no other draw either
-    _draw_load_burst(src, scenario)  # last of all: it revises earlier draws only where it fires
+    _draw_load_burst(src, scenario)  # it revises earlier draws only where it fires
+    _draw_connector_answers(src, scenario)  # after it: it changes no other draw
     return scenario
 
 
@@ -286,6 +287,22 @@ def _draw_load_burst(src: Source, scenario: Scenario) -> None:
         e.num_gpu_blocks = min(max(held + spread, min_pool_blocks(edited)), 4096)
     if not validate(edited):
         scenario.engine, scenario.requests[:] = e, reqs
+
+
+def _draw_connector_answers(src: Source, scenario: Scenario) -> None:
+    """How the attached KV connector answers, in one scenario of three that has one: half of the
+    requests get a deferral (`RequestSpec.connector_defer`, 1-3 schedule() calls answered None, as an
+    offloading connector answers while a hit block is still being written: vllm-project/vllm#45406,
+    #57841 start from it), and in a quarter of those with synchronous loads one of them fails
+    (`EngineConfig.connector_failed_sync_load`). Drawn after every other dimension and changing none
+    of them, so an input recorded before the knobs decodes to the same scenario plus these."""
+    if not scenario.uses_connector or src.int(0, 2):
+        return
+    for req in scenario.requests:
+        req.connector_defer = src.int(1, 3) if src.bool() else 0
+    sync_loads = sum(1 for r in scenario.requests if r.external_tokens and not r.external_async)
+    if sync_loads and src.int(0, 3) == 0:
+        scenario.engine.connector_failed_sync_load = src.int(1, sync_loads)
 
 
 def _draw_priorities(src: Source, scenario: Scenario) -> None:

@@ -16,13 +16,16 @@ REQUEST_FIELDS = {"arrival_step", "external_tokens", "external_async", "unique_l
 
 
 def _with_and_without(seeds):
-    drawn = [generate.random_scenario(random.Random(seed)) for seed in seeds]
-    burst = generate._draw_load_burst
+    """The scenarios of `seeds` with and without the burst; the connector's answers, drawn after the
+    burst (`_draw_connector_answers`), are left out of both."""
+    burst, answers = generate._draw_load_burst, generate._draw_connector_answers
     try:
+        generate._draw_connector_answers = lambda src, scenario: None
+        drawn = [generate.random_scenario(random.Random(seed)) for seed in seeds]
         generate._draw_load_burst = lambda src, scenario: None
         before = [generate.random_scenario(random.Random(seed)) for seed in seeds]
     finally:
-        generate._draw_load_burst = burst
+        generate._draw_load_burst, generate._draw_connector_answers = burst, answers
     return drawn, before
 
 

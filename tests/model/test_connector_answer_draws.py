@@ -1,0 +1,55 @@
+"""The generator's draw of the connector's answers (mambafuzz.model.generate `_draw_connector_answers`):
+drawn last, only where a connector is attached, and changing no other field; the minimizer shrinks it."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from mambafuzz.model import generate
+from mambafuzz.model.scenario import validate
+from mambafuzz.search import minimizer
+
+
+def _with_and_without(seeds):
+    drawn = [generate.random_scenario(random.Random(seed)) for seed in seeds]
+    answers = generate._draw_connector_answers
+    try:
+        generate._draw_connector_answers = lambda src, scenario: None
+        before = [generate.random_scenario(random.Random(seed)) for seed in seeds]
+    finally:
+        generate._draw_connector_answers = answers
+    return drawn, before
+
+
+def _without_answers(s):
+    s = dataclasses.replace(s, engine=dataclasses.replace(s.engine, connector_failed_sync_load=0),
+                            requests=[dataclasses.replace(r, connector_defer=0) for r in s.requests])
+    return s
+
+
+def test_the_answers_are_drawn_last_only_with_a_connector_and_change_nothing_else():
+    drawn, before = _with_and_without(range(600))
+    deferring = failing = 0
+    for s, b in zip(drawn, before):
+        assert not validate(s)
+        assert _without_answers(s) == b
+        if s == b:
+            continue
+        assert b.uses_connector, "an answer drawn where no connector is attached"
+        deferring += any(r.connector_defer for r in s.requests)
+        failing += bool(s.engine.connector_failed_sync_load)
+        if s.engine.connector_failed_sync_load:
+            sync = [r for r in s.requests if r.external_tokens and not r.external_async]
+            assert 1 <= s.engine.connector_failed_sync_load <= len(sync)
+    with_connector = sum(b.uses_connector for b in before)
+    assert with_connector * 0.2 <= deferring <= with_connector * 0.45, (deferring, with_connector)
+    assert failing >= 3
+
+
+def test_the_minimizer_shrinks_a_deferral():
+    s = next(s for s in (generate.random_scenario(random.Random(seed)) for seed in range(600))
+             if any(r.connector_defer for r in s.requests))
+    fields = [(name, value, simplest) for _, name, value, simplest in minimizer._int_fields(s)]
+    deferred = sorted(r.connector_defer for r in s.requests if r.connector_defer)
+    assert sorted(v for name, v, simplest in fields if name == "connector_defer" and simplest == 0) == deferred
