@@ -14,7 +14,7 @@ from mambafuzz.checks.pipeline import evaluate
 from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ScenarioError, loads, validate
 from mambafuzz.sim import patching
 from mambafuzz.sim.engine import harness, worker_contract
-from mambafuzz.tools.mutation import kills, planting
+from mambafuzz.tools.mutation import kills, planted, planting
 from tests.helpers.known import unexplained
 
 DEFERRALS = 3
@@ -69,14 +69,15 @@ def test_the_liveness_bound_counts_the_deferrals():
     assert deferring_scenario().liveness_bound() == deferring_scenario(defer=0).liveness_bound() + DEFERRALS
 
 
-@pytest.mark.parametrize("mutant, rule", [
-    ("defer_taken_as_miss", worker_contract.DEFERRED_REQUEST_SKIPPED),  # scheduled in the schedule() that deferred it
-    ("defer_not_skipped", worker_contract.DEFERRED_REQUEST_SKIPPED),  # asked again in that schedule()
+@pytest.mark.parametrize("mutant, broken", [
+    ("defer_taken_as_miss", "is scheduled"),  # in the schedule() that deferred it
+    ("defer_not_skipped", "was asked again"),  # in that schedule()
 ])
-def test_the_deferred_request_skipped_rule_fires_on_planted_bugs(mutant, rule):
+def test_the_deferred_request_skipped_rule_fires_on_planted_bugs(mutant, broken):
     with patching.applied(planting.patches(mutant)):
         trace = harness.run(deferring_scenario())
-    assert trace.crash is not None and trace.crash.contract == rule, trace.crash
+    assert trace.crash is not None and trace.crash.contract == worker_contract.DEFERRED_REQUEST_SKIPPED, trace.crash
+    assert broken in trace.crash.message, trace.crash.message
     ok, why = kills.confirms_kill(deferring_scenario(), "fixed", mutant)
     assert ok, why
 
@@ -113,7 +114,16 @@ def test_a_failed_sync_load_writes_nothing_and_vllm_runs_the_request_on_it():
     (Scheduler._handle_failed_recving, scheduler.py:3341-3354); a synchronously loaded request is
     running, so it computes from the blocks the load never wrote, and the resume oracle judges it."""
     s = sync_failure_scenario(connector_failed_sync_load=1)
-    trace = harness.run(s)
+    reported: list[set[str]] = []
+
+    def record(original):
+        def handle(self, failed_req_ids):
+            reported.append(set(failed_req_ids))
+            return original(self, failed_req_ids)
+        return handle
+    with patching.applied([patching.Wrap(f"{planted.SCHED}._handle_failed_recving", record)]):
+        trace = harness.run(s)
+    assert reported == [{"r0"}]  # the report reaches vLLM, in the output of the batch that loaded
     assert [(e[0], e[2]) for e in events(trace, "load-fail")] == [(0, "r0")]
     assert not any(w.cause == "connector" for rec in trace.steps for w in rec.writes)
     assert trace.finish_status["r0"] == "FINISHED_LENGTH_CAPPED"  # neither failed nor recomputed
