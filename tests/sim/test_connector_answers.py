@@ -164,3 +164,19 @@ def test_the_validator_refuses_block_level_failure_reports_on_hybrid_layouts():
     assert "scheduler.py:3366" in problem and "several KV-cache groups" in problem
     with pytest.raises(ScenarioError):
         loads(s.dumps())
+
+
+def test_both_export_styles_refuse_the_connectors_answers_in_one_line():
+    from pathlib import Path
+
+    from mambafuzz.store.corpus import load_case
+    from mambafuzz.upstream import export
+
+    path = Path(__file__).resolve().parents[2] / "corpus" / "untriaged" / "connector_failed_sync_load_runs_on_unwritten_state.json"
+    case = load_case(path)
+    for style, source in (("standalone", export.test_source), ("vllm", export.vllm_test_source)):
+        with pytest.raises(export.ExportError) as exc:
+            source(case)
+        message = str(exc.value)
+        assert f"--style {style} cannot express" in message and "connector_failed_sync_load" in message
+        assert "\n" not in message
