@@ -319,6 +319,9 @@ def _draw_priorities(src: Source, scenario: Scenario) -> None:
 
 CONNECTOR_KNOBS = ("connector_save", "connector_send_steps", "connector_load_source", "connector_recv_steps",
                    "connector_failed_load", "connector_failure_policy", "connector_divergent_hits")
+# Engine connector knobs the generator leaves at their defaults: a failed sync load fails every input the
+# same way on vLLM 0.32 (`_draw_connector_answers`), and block-level reports are refused by the validator.
+UNDRAWN_CONNECTOR_KNOBS = ("connector_failed_sync_load", "connector_failure_report")
 
 
 def _draw_connector(src: Source, scenario: Scenario) -> None:

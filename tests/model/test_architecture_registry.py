@@ -86,11 +86,12 @@ def test_pool_sizing_counts_the_models_mamba_groups():
 
 def test_model_is_the_generators_last_draw(monkeypatch):
     """Every field but the model decodes as it did before the knob: the draw comes after all others
-    but the ones added since (request links, the connector's behaviour, priorities, the load burst), left out of both runs here."""
+    but the ones added since (request links, the connector's behaviour, priorities, the load burst, the connector's answers), left out of both runs here."""
     monkeypatch.setattr(generate, "_draw_continuations", lambda src, scenario: None)
     monkeypatch.setattr(generate, "_draw_connector", lambda src, scenario: None)
     monkeypatch.setattr(generate, "_draw_priorities", lambda src, scenario: None)
     monkeypatch.setattr(generate, "_draw_load_burst", lambda src, scenario: None)
+    monkeypatch.setattr(generate, "_draw_connector_answers", lambda src, scenario: None)
     drawn = [generate.random_scenario(random.Random(seed)) for seed in range(60)]
     assert {s.engine.model for s in drawn} - {arch.DEFAULT_MODEL}, "the generator never draws another model"
     monkeypatch.setattr(generate, "draw_model", lambda src, scenario: arch.DEFAULT_MODEL)
