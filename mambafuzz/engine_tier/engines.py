@@ -163,6 +163,9 @@ def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
                 "with kv_connector_module_path='mambafuzz.sim.engine.connector' starts and schedules sync hits), but its worker "
                 "side loads nothing (no KV, no mamba state) and never reports async loads done, so the engine "
                 "would compute from garbage or wait forever")
+    if any(r.connector_defer for r in s.requests):
+        return ("a connector that defers (requests[].connector_defer): the engine tier attaches no scenario connector "
+                "to answer its lookups")
     if any(r.continues is not None for r in s.requests):
         return ("a request that continues an earlier one: the engine replay builds no continuation prompts (the "
                 "cached and uncached engines may legitimately flip a near-tie token, and their continuations would "

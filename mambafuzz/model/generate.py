@@ -230,10 +230,10 @@ def draw_scenario(src: Source) -> Scenario:
 
 # The draws made after every field above, in order, each added after the ones before it so that an
 # input recorded earlier decodes to the same scenario plus the new draw: request links, the connector's
-# behaviour and priorities change no other field; the load burst and decode pressure revise earlier
-# fields only where they fire. A new draw goes at the end.
+# behaviour, priorities and its answers change no other field; the load burst and decode pressure
+# revise earlier fields only where they fire. A new draw goes at the end.
 LATE_DRAWS = ("_draw_continuations", "_draw_connector", "_draw_priorities", "_draw_load_burst",
-              "_draw_decode_pressure")
+              "_draw_decode_pressure", "_draw_connector_answers")
 
 
 def draws_from(name: str) -> tuple[str, ...]:
@@ -355,6 +355,22 @@ def _draw_decode_pressure(src: Source, scenario: Scenario) -> None:
         scenario.engine, scenario.requests[:] = e, reqs
 
 
+def _draw_connector_answers(src: Source, scenario: Scenario) -> None:
+    """How the attached KV connector answers, in one scenario of three that has one: half of the
+    requests get a deferral (`RequestSpec.connector_defer`, 1-3 schedule() calls answered None, as an
+    offloading connector answers while a hit block is still being written: vllm-project/vllm#45406,
+    #57841 start from it). Drawn after every other dimension and changing none of them, so an input
+    recorded before the knob decodes to the same scenario plus it.
+    A failed synchronous load (`EngineConfig.connector_failed_sync_load`) is not drawn: on vLLM 0.32
+    every such input fails the same way (the untriaged candidate
+    corpus/untriaged/connector_failed_sync_load_runs_on_unwritten_state.json), so a campaign would stop
+    on it within seconds and its signature would hide any other finding."""
+    if not scenario.uses_connector or src.int(0, 2):
+        return
+    for req in scenario.requests:
+        req.connector_defer = src.int(1, 3) if src.bool() else 0
+
+
 def _draw_priorities(src: Source, scenario: Scenario) -> None:
     """vLLM's priority scheduling in one scenario of six with two requests or more, each request a
     priority in [0, 3] (so ties, where arrival decides, are common). Drawn after every other
@@ -369,6 +385,9 @@ def _draw_priorities(src: Source, scenario: Scenario) -> None:
 
 CONNECTOR_KNOBS = ("connector_save", "connector_send_steps", "connector_load_source", "connector_recv_steps",
                    "connector_failed_load", "connector_failure_policy", "connector_divergent_hits")
+# Engine connector knobs the generator leaves at their defaults: a failed sync load fails every input the
+# same way on vLLM 0.32 (`_draw_connector_answers`), and block-level reports are refused by the validator.
+UNDRAWN_CONNECTOR_KNOBS = ("connector_failed_sync_load", "connector_failure_report")
 
 
 def _draw_connector(src: Source, scenario: Scenario) -> None:

@@ -37,6 +37,9 @@ SPEC_METHODS = ("none", "mtp")
 CONNECTOR_LOAD_SOURCES = ("truth", "saved")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's SchedulerConfig.policy
 MAX_PRIORITY = 8  # RequestSpec.priority is drawn and validated in [0, MAX_PRIORITY]
+MAX_CONNECTOR_DEFER = 8  # RequestSpec.connector_defer is validated in [0, MAX_CONNECTOR_DEFER]
+# How the connector's worker reports a failed load (EngineConfig.connector_failure_report).
+FAILURE_REPORTS = ("failed_recving", "invalid_block_ids")
 
 # Hard ceilings that keep one scenario cheap; the decoder and validation share them.
 MAX_REQUESTS = 16
@@ -193,6 +196,16 @@ class EngineConfig:
     # KVConnectorBase_V1.supports_divergent_local_hybrid_hits (NIXL declares it).
     connector_divergent_hits: bool = knob(False, kind="bool", simplest=False, build_key=False, uncached=False,
                                           generate=False)
+    # The n-th synchronous load (1-based, in the order vLLM asked for them) fails: the worker writes nothing
+    # into its blocks and reports the request as `connector_failure_report` says, in the output of the
+    # batch that scheduled it; 0: none fails. Left out of the JSON when 0.
+    connector_failed_sync_load: int = knob(0, kind="int", lo=0, hi=MAX_REQUESTS, simplest=0, build_key=False,
+                                           uncached=0, generate=False)
+    # The channel a failed load is reported through: "failed_recving" (KVConnectorOutput.failed_recving, by
+    # request) or "invalid_block_ids" (by block, `get_block_ids_with_load_errors`), which vLLM 0.32 refuses
+    # on every layout with several KV-cache groups (validate). Left out of the JSON when "failed_recving".
+    connector_failure_report: str = knob("failed_recving", kind="choice", choices=FAILURE_REPORTS,
+                                         simplest="failed_recving", build_key=False, generate=False)
 
     def without_prefix_caching(self) -> EngineConfig:
         """The same engine with prefix caching off: the differential's twin."""
@@ -244,6 +257,12 @@ class RequestSpec:
     # vLLM's Request.priority: lower runs first under engine.scheduling_policy "priority" (the engine
     # ignores it under "fcfs"). Left out of the JSON when 0.
     priority: int = 0
+    # The KV connector answers this request's lookup (`get_num_new_matched_tokens`) with (None, False),
+    # "not known yet, ask again", in the first `connector_defer` schedule() calls that ask it; then it
+    # answers as scripted. vLLM 0.32 skips the request for the rest of that schedule() and puts it back at
+    # the head of the waiting queue (scheduler.py:986-990, 903-910, 1394-1395). A connector is attached for
+    # it even when no request claims tokens. Left out of the JSON when 0.
+    connector_defer: int = 0
 
 
 # RequestSpec fields written to JSON only when set: files without them load and dump unchanged.
@@ -320,8 +339,9 @@ class Scenario:
     @property
     def uses_connector(self) -> bool:
         """Some request claims KV-connector tokens, or the connector saves: the engine needs a KV
-        connector configured."""
-        return any(r.external_tokens for r in self.requests) or self.engine.connector_save
+        connector configured (a request the connector defers needs one too)."""
+        return (any(r.external_tokens or r.connector_defer for r in self.requests)
+                or self.engine.connector_save)
 
     def max_model_len(self) -> int:
         longest = max((self.prompt_len(i) + r.max_tokens for i, r in enumerate(self.requests)), default=1)
@@ -340,7 +360,8 @@ class Scenario:
         Under pipeline stages a request is in at most one of `stages` consecutive batches (vLLM's
         decode stagger), so a token may take that many steps."""
         _, last_step, tokens = self.size()
-        return last_step + tokens * self.engine.pipeline_parallel_size + 8 * len(self.requests) + 16
+        deferred = sum(r.connector_defer for r in self.requests)  # schedule() calls a connector deferral takes
+        return last_step + tokens * self.engine.pipeline_parallel_size + 8 * len(self.requests) + 16 + deferred
 
     # ---- JSON ----------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -359,8 +380,9 @@ class Scenario:
 
 
 def _engine_json(e: EngineConfig) -> dict[str, Any]:
-    """The engine's fields; `model`, `max_model_len_slack`, `block_size_from_groups` and
-    `scheduling_policy` only when set (files written before those knobs stay byte-identical)."""
+    """The engine's fields; `model`, `max_model_len_slack`, `block_size_from_groups`, `scheduling_policy`,
+    `connector_failed_sync_load` and `connector_failure_report` only when set (files written before those
+    knobs stay byte-identical)."""
     out = dataclasses.asdict(e)
     if out.get("model") == DEFAULT_MODEL:
         del out["model"]
@@ -370,6 +392,10 @@ def _engine_json(e: EngineConfig) -> dict[str, Any]:
         out.pop("block_size_from_groups", None)
     if out.get("scheduling_policy") == "fcfs":
         del out["scheduling_policy"]
+    if not out.get("connector_failed_sync_load"):
+        out.pop("connector_failed_sync_load", None)
+    if out.get("connector_failure_report") == "failed_recving":
+        del out["connector_failure_report"]
     return out
 
 
@@ -380,6 +406,8 @@ def _request_json(r: RequestSpec) -> dict[str, Any]:
             del out[name]
     if not out["priority"]:
         del out["priority"]
+    if not out["connector_defer"]:
+        del out["connector_defer"]
     return out
 
 
@@ -531,6 +559,10 @@ def validate(s: Scenario) -> list[str]:
         p.append(f"engine.max_num_batched_tokens {e.max_num_batched_tokens} must be >= max_num_seqs {e.max_num_seqs}")
     if e.max_num_batched_tokens < 1 + e.num_speculative_tokens:
         p.append("engine.max_num_batched_tokens must fund one decode step (1 + num_speculative_tokens)")
+    if e.connector_failure_report == "invalid_block_ids":
+        p.append("engine.connector_failure_report 'invalid_block_ids': vLLM 0.32 raises RuntimeError for block-level "
+                 "load failures on a layout with several KV-cache groups, which every hybrid model has "
+                 "(Scheduler._handle_invalid_blocks, v1/core/sched/scheduler.py:3366-3374); report 'failed_recving'")
 
     if not s.requests:
         p.append("requests must not be empty")
@@ -558,6 +590,7 @@ def validate(s: Scenario) -> list[str]:
         _check_int(p, f"{w}.external_tokens", r.external_tokens, 0, MAX_PROMPT_TOKENS)
         _check_int(p, f"{w}.abort_step", r.abort_step, 0, MAX_STEPS_ARRIVAL + MAX_PROMPT_TOKENS, optional=True)
         _check_int(p, f"{w}.priority", r.priority, 0, MAX_PRIORITY)
+        _check_int(p, f"{w}.connector_defer", r.connector_defer, 0, MAX_CONNECTOR_DEFER)
         if not isinstance(r.external_async, bool):
             p.append(f"{w}.external_async must be true or false")
         if not isinstance(r.abort_in_flight, bool):

@@ -28,7 +28,7 @@ def complexity(s: Scenario) -> tuple:
     e = s.engine
     knobs = sum(getattr(e, f.name) != getattr(_DEFAULT_ENGINE, f.name) for f in dataclasses.fields(e))
     extras = sum(bool(r.external_tokens) + (r.abort_step is not None) + r.external_async + r.abort_in_flight
-                 + (r.continues is not None) for r in s.requests)
+                 + (r.continues is not None) + bool(r.connector_defer) for r in s.requests)
     return (requests, tokens, steps, len(s.prefixes), extras, knobs, len(s.acceptance), s.token_seed,
             e.mamba_block_size, e.max_num_batched_tokens, e.num_speculative_tokens, e.max_num_seqs,
             e.long_prefill_token_threshold, sum(s.acceptance))
@@ -105,6 +105,8 @@ def _int_fields(s: Scenario) -> Iterator[tuple[Callable[[Scenario], object], str
             yield req, "abort_step", r.abort_step, r.arrival_step
         if r.priority:
             yield req, "priority", r.priority, 0
+        if r.connector_defer:
+            yield req, "connector_defer", r.connector_defer, 0
     for p, length in enumerate(s.prefixes):
         yield (lambda c: c.prefixes), p, length, 1
     def eng(c):

@@ -85,6 +85,14 @@ class ExportError(ValueError):
     """A case this exporter cannot express as a standalone vLLM test."""
 
 
+def _refuse_connector_answers(s, style: str) -> None:
+    """The connector's deferrals and failed sync loads are the harness's; neither exported test's
+    connector answers None or fails a synchronous load yet."""
+    if any(r.connector_defer for r in s.requests) or s.engine.connector_failed_sync_load:
+        raise ExportError(f"--style {style} cannot express a connector that defers (requests[].connector_defer) or "
+                          "fails a synchronous load (engine.connector_failed_sync_load) yet; replay it with mambafuzz repro")
+
+
 def check_for(signature: str) -> str:
     """The test's assertion for `signature`: what its kind's oracle registers (mambafuzz.findings)."""
     check = export_assertion(signature)
@@ -148,6 +156,7 @@ def test_source(case: Case, title: str = "", why: str = "") -> str:
         raise ExportError(f"{case.path}: the standalone test cannot express {sig} yet (use --style vllm)")
     if check_for(sig) == V1_ACCEPTED_KEPT:
         return _v1_accepted_source(case, sig, title, why)
+    _refuse_connector_answers(s, "standalone")
     if s.engine.async_scheduling is not False:
         s = _synchronous_twin(case, sig)
         why += "\nFound under async scheduling; it fails the same way with the synchronous Scheduler this test drives."
@@ -228,6 +237,7 @@ def vllm_test_source(case: Case, title: str = "") -> str:
                 + body.replace("\n\nMAMBA_BLOCK_SIZE", "\n\npytestmark = pytest.mark.cpu_test\n\nMAMBA_BLOCK_SIZE", 1))
     if check not in CHECKS and check not in (PUBLISHED_STATE_WRITTEN, EVERY_REQUEST_FINISHES):
         raise ExportError(f"--style vllm cannot express {sig} yet (use --style standalone)")
+    _refuse_connector_answers(s, "vllm")
     if s.engine.scheduling_policy != "fcfs":
         raise ExportError(f"--style vllm cannot express engine.scheduling_policy {s.engine.scheduling_policy} yet: "
                           "create_scheduler builds an FCFS scheduler (use --style standalone)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from mambafuzz.model.generate import CONNECTOR_KNOBS, random_scenario
+from mambafuzz.model.generate import CONNECTOR_KNOBS, UNDRAWN_CONNECTOR_KNOBS, random_scenario
 from mambafuzz.model.scenario import EngineConfig, knobs, validate
 
 
@@ -19,4 +19,5 @@ def test_connector_behaviour_is_drawn_only_where_a_connector_is_used_and_stays_v
         assert any(getattr(s.engine, name) != defaults[name] for s in changed), name
     # loads of saved states follow the scheduler's boundary-state hand-offs, and are drawn beside saves
     assert any(s.engine.connector_load_source == "saved" and s.engine.connector_save for s in drawn)
-    assert set(CONNECTOR_KNOBS) == {n for n in knobs() if n.startswith("connector_")}
+    assert set(CONNECTOR_KNOBS) | set(UNDRAWN_CONNECTOR_KNOBS) == {n for n in knobs() if n.startswith("connector_")}
+    assert not any(getattr(s.engine, n) != getattr(EngineConfig(), n) for s in drawn for n in UNDRAWN_CONNECTOR_KNOBS)

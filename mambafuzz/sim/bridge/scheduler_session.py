@@ -277,7 +277,7 @@ class SchedulerSession:
         loads (`finished_recving`; a failed one is in `failed_recving` as well) and sends."""
         req_ids = list(out.num_scheduled_tokens)
         connector_output = None
-        if finished_recving or finished_sending:
+        if finished_recving or finished_sending or failed_recving:  # a failed sync load: failed_recving alone
             connector_output = KVConnectorOutput(finished_recving=SortedIds(finished_recving) or None)
             if failed_recving:
                 connector_output.failed_recving = SortedIds(failed_recving)
@@ -567,6 +567,10 @@ class SchedulerSession:
     def num_free_blocks(self) -> int:
         """The pool's free count, as vLLM reports it."""
         return self.block_pool.get_num_free_blocks()
+
+    def holds_blocks(self, request_id: str) -> bool:
+        """Whether the request holds a block in any KV-cache group (a table that is not empty)."""
+        return any(m.req_to_blocks.get(request_id) for m in self._managers)
 
     def block_holders(self) -> list[str]:
         """The requests holding blocks in any KV-cache group (a table that is not empty), sorted."""

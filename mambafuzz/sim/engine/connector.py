@@ -15,6 +15,11 @@ vllm/distributed/kv_transfer/kv_connector/v1/): `request_finished_all_groups` an
 delay_free=True for a request it saves, and the harness reports `finished_sending` later
 (Scheduler._update_from_kv_xfer_finished frees the blocks then); loads can deliver what was
 saved under the prompt's block hashes (`store`) instead of the truth.
+
+It can also defer (`RequestSpec.connector_defer`: answer None, "ask again next step", as the
+OffloadingConnector does while a hit block is still being written; Scheduler.schedule skips the
+request, scheduler.py:986-990) and fail a synchronous load (`EngineConfig.connector_failed_sync_load`:
+the harness writes nothing into the load's blocks and reports the request in `failed_recving`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from mambafuzz.sim.bridge.vllm_compat.api import (
     RequestStatus,
     SupportsHMA,
 )
-from mambafuzz.sim.engine.worker_contract import OFFLOAD_ON_HASH_GRID, SchedulerContractError
+from mambafuzz.sim.engine.worker_contract import DEFERRED_REQUEST_SKIPPED, OFFLOAD_ON_HASH_GRID, SchedulerContractError
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,12 @@ def scripted_hits(scenario: Any, request_ids: list[str]) -> dict[str, ExternalHi
             for rid, r in zip(request_ids, scenario.requests) if r.external_tokens}
 
 
+def scripted_defers(scenario: Any, request_ids: list[str]) -> dict[str, int]:
+    """The connector's deferrals for a scenario: request -> schedule() calls in which its lookup
+    answers None (`RequestSpec.connector_defer`), for the harness and the model-less loops."""
+    return {rid: r.connector_defer for rid, r in zip(request_ids, scenario.requests) if r.connector_defer}
+
+
 class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -96,6 +107,11 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
         self.hash_block_size = 0
         self.divergent_hits = False  # EngineConfig.connector_divergent_hits
         self._matched: dict[str, tuple[int, Any]] = {}
+        # deferring (RequestSpec.connector_defer): request -> lookups still to answer None
+        self.defer: dict[str, int] = {}
+        self.deferred: list[str] = []  # requests answered None in the schedule() under way; the harness drains it
+        self._schedules = 0  # schedule() calls so far (build_connector_meta ends each)
+        self._last_deferral: dict[str, int] = {}  # request -> the schedule() of its last None answer
 
     def take_orders(self) -> dict[str, LoadOrder]:
         """This step's load orders, by request, and forget them (the harness and the model-less
@@ -123,6 +139,8 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ---- scheduler side ------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if self.defer and self.defer.get(request.request_id):
+            return self._deferral(request.request_id)
         hit = self.plan.get(request.request_id)
         if hit is None:
             return 0, False
@@ -135,6 +153,18 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
         self._matched[request.request_id] = (limit, saved)
         return extra, hit.load_async and extra > 0
 
+    def _deferral(self, rid: str) -> tuple[None, bool]:
+        """(None, False): the lookup is not known yet. vLLM 0.32 then skips the request for the rest of
+        this schedule() (`skip_request`, scheduler.py:986-990 and 903-910), so a second lookup in the same
+        schedule() breaks that rule (an endless loop in a scheduler that never moves past it)."""
+        if self._last_deferral.get(rid) == self._schedules:
+            raise SchedulerContractError(DEFERRED_REQUEST_SKIPPED, f"{rid}'s connector lookup was asked again in the "
+                                         "schedule() in which it answered None: the deferred request was not skipped")
+        self._last_deferral[rid] = self._schedules
+        self.defer[rid] -= 1
+        self.deferred.append(rid)
+        return None, False
+
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
             hit = self.plan[request.request_id]
@@ -144,6 +174,7 @@ class ScenarioConnector(KVConnectorBase_V1, SupportsHMA):
             self.orders.append(order)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        self._schedules += 1
         if self.save_requests and self.offloads is not None:
             offloads = scheduler_session.boundary_state_offloads(scheduler_output)
             if offloads is None:
@@ -192,7 +223,7 @@ class ConnectorWorker:
     run has no prefix caching (a connector sees nothing then)."""
 
     def __init__(self, connector: ScenarioConnector | None, engine: Any, session: Any, events: list,
-                 plan: dict[str, ExternalHit]):
+                 plan: dict[str, ExternalHit], defers: dict[str, int] | None = None):
         self.connector = connector
         self.engine = engine
         self.session = session
@@ -202,8 +233,10 @@ class ConnectorWorker:
         self.async_loads = 0
         self.save_entries: dict[str, dict] = {}
         self.recv_tracked = bool(engine.connector_recv_steps or engine.connector_failed_load)
+        self.sync_loads = 0  # synchronous loads vLLM asked for so far (connector_failed_sync_load counts them)
         if connector is not None:
             connector.plan = plan
+            connector.defer = dict(defers or {})
             connector.save_requests, connector.load_saved = engine.connector_save, engine.connector_load_source == "saved"
             connector.mamba_block_size, connector.hash_block_size = engine.mamba_block_size, session.hash_block_size
             connector.divergent_hits = engine.connector_divergent_hits
@@ -211,6 +244,34 @@ class ConnectorWorker:
     def busy(self) -> bool:
         """Transfers in flight: the engine core keeps stepping until they finish."""
         return bool(self.send_pending) or bool(self.recv_pending)
+
+    def check_deferred(self, step: int, out: Any) -> None:
+        """The requests whose lookup answered None in the schedule() that made `out` were skipped
+        (DEFERRED_REQUEST_SKIPPED): none is scheduled in `out`, and none holds a block in any KV-cache
+        group (vLLM skips the request before its allocation, scheduler.py:986-990)."""
+        deferred, self.connector.deferred = self.connector.deferred, []
+        for rid in deferred:
+            left = self.connector.defer.get(rid, 0)
+            self.events.append((step, "defer", rid, f"get_num_new_matched_tokens answered None ({left} more)"))
+            if rid in out.num_scheduled_tokens:
+                raise SchedulerContractError(DEFERRED_REQUEST_SKIPPED, f"step {step}: {rid} is scheduled "
+                                             f"({out.num_scheduled_tokens[rid]} tokens) in the schedule() in which "
+                                             "its connector lookup answered None (not known yet)")
+            if self.session.holds_blocks(rid):
+                raise SchedulerContractError(DEFERRED_REQUEST_SKIPPED, f"step {step}: {rid} holds blocks after the "
+                                             "schedule() in which its connector lookup answered None: a deferred "
+                                             "request is skipped before any allocation")
+
+    def sync_load_fails(self, step: int, order: LoadOrder) -> bool:
+        """Whether this synchronous load is the `connector_failed_sync_load`-th: the worker then writes
+        nothing into its blocks and reports the request in `failed_recving` (alone: a sync load is never
+        in `finished_recving`, whose handler asserts the request finished, scheduler.py:3224-3226)."""
+        self.sync_loads += 1
+        if self.sync_loads != self.engine.connector_failed_sync_load:
+            return False
+        self.events.append((step, "load-fail", order.request_id, f"{order.num_external_tokens} tokens, synchronous: "
+                            "nothing written (failed_recving)"))
+        return True
 
     def recv_progress(self, step: int, new: dict) -> tuple[dict, set[str]]:
         """One forward of the async loads in flight: `new` (this step's orders) start with

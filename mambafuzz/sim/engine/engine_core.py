@@ -33,6 +33,7 @@ class Batch:
     sampled: dict[str, list[int]] = field(default_factory=dict)
     recv_done: set[str] = field(default_factory=set)
     recv_failed: set[str] = field(default_factory=set)  # of recv_done: loads the worker reports failed
+    load_errors: set[str] = field(default_factory=set)  # sync loads the worker reports failed (failed_recving alone)
     rejected: dict[str, int] = field(default_factory=dict)  # drafts each spec-decode row had rejected
     stale: set[str] = field(default_factory=set)  # rows whose request was preempted before it was applied
     applied: bool = False

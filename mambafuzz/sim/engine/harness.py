@@ -31,7 +31,7 @@ from mambafuzz.sim.bridge.vllm_compat import VllmUnsupported
 from mambafuzz.sim.engine.attention_kv import AttentionBlocks
 from mambafuzz.sim.engine.cache_audit import BlockAuditor
 from mambafuzz.sim.engine.cache_scan import CacheScan
-from mambafuzz.sim.engine.connector import ConnectorWorker, scripted_hits
+from mambafuzz.sim.engine.connector import ConnectorWorker, scripted_defers, scripted_hits
 from mambafuzz.sim.engine.engine_core import Batch, BatchQueue
 from mambafuzz.sim.engine.hash_book import HashBook
 from mambafuzz.sim.engine.pool_facts import PoolFacts
@@ -212,7 +212,7 @@ class _Runner:
         self.connector = session.connector if prefix_caching else None  # it sees nothing without prefix caching
         # its worker side: async loads and saves in flight (both empty under the default knobs)
         self.transfers = ConnectorWorker(self.connector, e, session, trace.connector_events,
-                                         scripted_hits(scenario, self.ids))
+                                         scripted_hits(scenario, self.ids), scripted_defers(scenario, self.ids))
 
     # ---- main loop -------------------------------------------------------------------
     def run(self) -> None:
@@ -388,6 +388,8 @@ class _Runner:
         session = self.session
         out = batch.out
         connector_orders = self.connector.take_orders() if self.connector is not None else {}
+        if self.connector is not None and self.connector.deferred:
+            self.transfers.check_deferred(rec.step, out)
 
         mirror = self.mirror
         for dst, state in mirror.before_forward(out):
@@ -422,7 +424,10 @@ class _Runner:
             live.prefill_len = live.known = req.num_tokens
             live.drafts = []  # a (re)added request has no proposals on the worker
             if order is not None and not order.load_async:
-                self._connector_load(rec, rid, start, order)
+                if self.transfers.sync_load_fails(rec.step, order):
+                    batch.load_errors.add(rid)  # nothing written: the blocks hold what they held
+                else:
+                    self._connector_load(rec, rid, start, order)
 
         sampled = batch.sampled
         correction = self.queue.worker_corrections(session, out) if self.async_mode else {}
@@ -473,7 +478,8 @@ class _Runner:
                 if req is not None and not req.is_finished():
                     before[rid] = (req.num_computed_tokens, getattr(req, "num_output_placeholders", 0))
         sent = self.transfers.sends_finished(rec.step) if self.transfers.send_pending else None
-        session.feed(batch.out, batch.sampled, batch.recv_done, batch.recv_failed, sent)
+        failed = batch.recv_failed | batch.load_errors if batch.load_errors else batch.recv_failed
+        session.feed(batch.out, batch.sampled, batch.recv_done, failed, sent)
         if batch.recv_failed:  # vLLM took the failure now: the request's next schedule admits it anew
             self.unadmitted.update(rid for rid in batch.recv_failed if self._running(rid))
         if self.connector is not None and self.connector.saves:

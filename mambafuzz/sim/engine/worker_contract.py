@@ -57,6 +57,10 @@ ROW_WITHIN_TOKENS = "row-within-tokens"  # the row covers tokens its request has
 ROW_VERIFIES_DRAFTS = "row-verifies-drafts"  # drafts follow at least one real token, whose output checks the first
 ROW_STATE_IN_TABLE = "row-state-in-table"  # the mamba block table holds the block the row's state goes to
 ROW_COUNTS_ARE_INTEGERS = "row-counts-are-integers"  # token counts and positions are ints, as the worker indexes with them
+# A request whose KV-connector lookup answered None (`get_num_new_matched_tokens`: ask again later) is
+# skipped for the rest of that schedule(): not asked again, not scheduled, and it holds no blocks (the
+# skip comes before any allocation, scheduler.py:986-990; skip_request, 903-910, re-queues it, 1394-1395)
+DEFERRED_REQUEST_SKIPPED = "deferred-request-skipped"
 # A boundary-state hand-off names a boundary on the hash grid: Mooncake's store worker asserts it
 # (mooncake/store/worker.py:594-598, `_boundary_puts`) before keying the block by that prefix's hash.
 OFFLOAD_ON_HASH_GRID = "offload-on-hash-grid"

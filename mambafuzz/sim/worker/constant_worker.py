@@ -22,7 +22,7 @@ from typing import Any
 from mambafuzz.model.scenario import Scenario
 from mambafuzz.model.step_plan import propose_drafts
 from mambafuzz.sim.bridge.vllm_compat.output import resumed_req_ids
-from mambafuzz.sim.engine.connector import scripted_hits
+from mambafuzz.sim.engine.connector import scripted_defers, scripted_hits
 from mambafuzz.sim.engine.engine_core import Batch, BatchQueue
 
 CONST_TOKEN = 7
@@ -49,6 +49,7 @@ class ConstantWorker:
         self.connector = session.connector if caching else None  # the harness's rule: no hits without caching
         if self.connector is not None:
             self.connector.plan = scripted_hits(scenario, scenario.request_ids())
+            self.connector.defer = scripted_defers(scenario, scenario.request_ids())
 
     def forward(self, batch: Batch, step: int) -> list[Row]:
         """Answer `batch` (right after it was scheduled); its sampled tokens go into the batch."""
@@ -61,6 +62,7 @@ class ConstantWorker:
                 self.proposed.discard(rid)
         if self.connector is not None:  # this schedule's load orders: the async ones finish in this forward
             batch.recv_done |= {rid for rid, o in self.connector.take_orders().items() if o.load_async}
+            self.connector.deferred.clear()  # the harness checks them (ConnectorWorker.check_deferred)
         rows = []
         for rid, n in out.num_scheduled_tokens.items():
             req = session.request(rid)

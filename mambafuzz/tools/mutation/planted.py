@@ -414,3 +414,37 @@ def cow_copies_backwards() -> list[Patch]:
             return [(dst, src) for src, dst in original(self)]
         return backwards
     return [Wrap(f"{MAMBA}.take_pending_cow_copies", make)]
+
+
+# ---- a KV connector that defers its answer (get_num_new_matched_tokens -> None) ----------------
+# vLLM 0.32's waiting loop skips such a request for the rest of the schedule() (scheduler.py:986-990):
+# `skip_request` pops it and re-queues it after the pass (903-910, 1394-1395), so the scan moves on to the
+# requests behind it, and nothing is allocated for it. Each mutant breaks one half of that.
+_DEFERRED_SKIP = """
+if ext_tokens is None:
+    # The request cannot be scheduled because
+    # the KVConnector couldn't determine
+    # the number of matched tokens.
+    skip_request(request_queue)
+    continue
+"""
+
+
+def _deferred_branch(body: str) -> list[Patch]:
+    return [Rewrite(f"{SCHED}.schedule", ((_DEFERRED_SKIP, "if ext_tokens is None:\n" + body),))]
+
+
+@mutant("connector deferral: a lookup answered None is taken as a miss, and the request is admitted without "
+        "its external hit")
+def defer_taken_as_miss() -> list[Patch]:
+    return _deferred_branch("    ext_tokens, load_kv_async = 0, False  # mutant: None read as 0")
+
+
+@mutant("connector deferral: a deferred request is popped from the waiting queue and never put back")
+def defer_not_requeued() -> list[Patch]:
+    return _deferred_branch("    request_queue.pop_request()  # mutant: not re-queued\n    continue")
+
+
+@mutant("connector deferral: the scan does not move past a deferred request (it is peeked again)")
+def defer_not_skipped() -> list[Patch]:
+    return _deferred_branch("    continue  # mutant: not popped")
