@@ -73,12 +73,13 @@ def _without_continuations(s):
 
 
 def _before_models(s):
-    """`s` on the default model, under vLLM's FCFS policy with no priorities: the generator draws the
-    model after the fields before it, and the priorities after every other field."""
+    """`s` on the default model, under vLLM's FCFS policy with no priorities and no prefix-cache resets: the
+    generator draws the model after the fields before it, and the priorities and the resets after every other field."""
     s.engine.model = DEFAULT_MODEL
     s.engine.scheduling_policy = "fcfs"
     for r in s.requests:
         r.priority = 0
+    s.prefix_cache_resets = []
     return s
 
 

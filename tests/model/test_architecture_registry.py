@@ -86,7 +86,9 @@ def test_pool_sizing_counts_the_models_mamba_groups():
 
 def test_model_is_the_generators_last_draw(monkeypatch):
     """Every field but the model decodes as it did before the knob: the draw comes after all others
-    but the ones added since (request links, the connector's behaviour, priorities, the load burst), left out of both runs here."""
+    but the ones added since (request links, the connector's behaviour, priorities, the load burst, prefix-cache
+    resets), left out of both runs here."""
+    monkeypatch.setattr(generate, "_draw_prefix_cache_resets", lambda src, scenario: None)
     monkeypatch.setattr(generate, "_draw_continuations", lambda src, scenario: None)
     monkeypatch.setattr(generate, "_draw_connector", lambda src, scenario: None)
     monkeypatch.setattr(generate, "_draw_priorities", lambda src, scenario: None)

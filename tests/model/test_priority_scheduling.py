@@ -37,14 +37,14 @@ def _two(policy: str = "priority", priorities=(1, 0), pool_extra: int | None = N
 def test_priorities_are_the_generators_last_draw():
     """Resetting the policy and priorities gives exactly the scenario the same input gave before the knob;
     about a sixth of the multi-request scenarios are drawn under priority, each priority in [0, 3]."""
-    later, burst = generate._draw_priorities, generate._draw_load_burst
-    try:  # the load burst is drawn after the priorities: left out of both runs
-        generate._draw_load_burst = lambda src, scenario: None
+    later, burst, resets = generate._draw_priorities, generate._draw_load_burst, generate._draw_prefix_cache_resets
+    try:  # the load burst and the resets are drawn after the priorities: left out of both runs
+        generate._draw_load_burst = generate._draw_prefix_cache_resets = lambda src, scenario: None
         drawn = [generate.random_scenario(random.Random(seed)) for seed in range(300)]
         generate._draw_priorities = lambda src, scenario: None
         before = [generate.random_scenario(random.Random(seed)) for seed in range(300)]
     finally:
-        generate._draw_priorities, generate._draw_load_burst = later, burst
+        generate._draw_priorities, generate._draw_load_burst, generate._draw_prefix_cache_resets = later, burst, resets
     under = [s for s in drawn if s.engine.scheduling_policy == "priority"]
     assert 25 <= len(under) <= 75
     assert all(len(s.requests) > 1 and all(0 <= r.priority <= 3 for r in s.requests) for s in under)

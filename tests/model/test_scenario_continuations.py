@@ -132,17 +132,20 @@ def test_the_links_are_drawn_last():
     """Unlinking a generated scenario gives exactly the scenario the same input gave before."""
     from mambafuzz.model import generate
 
-    later = generate._draw_connector, generate._draw_priorities, generate._draw_load_burst  # drawn after the links
+    later = (generate._draw_connector, generate._draw_priorities, generate._draw_load_burst,
+             generate._draw_prefix_cache_resets)  # drawn after the links
     for seed in range(60):  # (left out of both runs)
         original = generate._draw_continuations
-        generate._draw_connector = generate._draw_priorities = generate._draw_load_burst = lambda src, scenario: None
+        generate._draw_connector = generate._draw_priorities = generate._draw_load_burst = \
+            generate._draw_prefix_cache_resets = lambda src, scenario: None
         try:
             s = random_scenario(random.Random(seed))
             generate._draw_continuations = lambda src, scenario: None
             before = random_scenario(random.Random(seed))
         finally:
             generate._draw_continuations = original
-            generate._draw_connector, generate._draw_priorities, generate._draw_load_burst = later
+            (generate._draw_connector, generate._draw_priorities, generate._draw_load_burst,
+             generate._draw_prefix_cache_resets) = later
         for r in s.requests:
             r.continues = r.continue_outputs = None
         assert s == before, seed
