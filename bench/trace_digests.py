@@ -31,8 +31,9 @@ from mambafuzz.store.report import trace_digest  # noqa: E402
 
 
 def inputs(generated: int, continuations: bool = False):
-    """The corpus and `generated` random scenarios, drawn without the generator's load burst (its last
-    draw, which revises earlier fields only where it fires): the scenarios a tree before the burst drew."""
+    """The corpus and `generated` random scenarios, drawn without the generator's load burst (its last draw
+    but the resets, which `_before_models` clears; the burst revises earlier fields only where it fires): the
+    scenarios a tree before the burst drew."""
     from mambafuzz.model import generate
 
     burst = generate._draw_load_burst

@@ -92,3 +92,58 @@ def test_the_uncached_twin_takes_the_same_resets():
 def test_a_reset_due_after_the_run_ended_never_happens():
     s = dataclasses.replace(_shared(), requests=_shared().requests[:2], prefix_cache_resets=[PrefixCacheReset(60, True)])
     assert harness.run(s).resets == []
+
+
+class _Block:
+    def __init__(self, block_id: int, key: bytes):
+        self.block_id, self.block_hash, self.block_hash_num_tokens = block_id, key, 64
+
+
+class _Cache:
+    """The two things CacheScan asks of a session: the key map's version and its mamba keys."""
+
+    def __init__(self):
+        self.version, self.keys = 0, []
+
+    def cache_keys_version(self) -> int:
+        return self.version
+
+    def take_added_mamba_keys(self):
+        return None
+
+    def cached_mamba_blocks(self):
+        return iter(self.keys)
+
+
+class _Auditor:
+    def __init__(self):
+        self.model = type("Model", (), {"dirty": set()})()
+
+    def entry(self, block_hash, block_id, primary, recorded_tokens, new):
+        return block_id, new
+
+
+def test_a_key_published_again_on_the_same_block_after_a_reset_is_new_to_the_audit():
+    """The stale-hit rule counts entries new since the reset: a prompt republished after the reset under the
+    same key on the same block id (a small pool hands blocks round) must be new, and a key that survived
+    the reset must not."""
+    from mambafuzz.sim.engine.cache_scan import CacheScan
+    from mambafuzz.sim.trace import StepRecord, Trace
+
+    key = b"k" * 32 + b"\x00\x00\x00\x01"
+    cache, trace = _Cache(), Trace(split="fixed", prefix_caching=True)
+    scan = CacheScan(cache, _Auditor(), trace)
+    cache.keys, cache.version = [(key, _Block(5, key))], 1
+    first = StepRecord(0)
+    scan.step(first)
+    assert first.cache == [(5, True)]
+    scan.after_reset(frozenset())  # the reset emptied the cache; the same pair comes back later
+    cache.version += 1
+    again = StepRecord(1)
+    scan.step(again)
+    assert again.cache == [(5, True)]
+    scan.after_reset(frozenset({(key, 5)}))  # a reset that left the key: it is not new after it
+    cache.version += 1
+    kept = StepRecord(2)
+    scan.step(kept)
+    assert kept.cache == []
