@@ -76,15 +76,16 @@ def _without_continuations(s):
 
 
 def _before_models(s):
-    """`s` on the default model, under vLLM's FCFS policy with no priorities, with a connector that neither
-    defers nor fails a sync load: the generator draws the model after the fields before it, and the
-    priorities and the connector's answers after every other field."""
+    """`s` on the default model, under vLLM's FCFS policy with no priorities, no prefix-cache resets and a
+    connector that neither defers nor fails a sync load: the generator draws the model after the fields
+    before it, and the priorities, the connector's answers and the resets after every other field."""
     s.engine.model = DEFAULT_MODEL
     s.engine.scheduling_policy = "fcfs"
     s.engine.connector_failed_sync_load = 0  # the connector's answers: drawn after every other field
     for r in s.requests:
         r.priority = 0
         r.connector_defer = 0
+    s.prefix_cache_resets = []
     return s
 
 

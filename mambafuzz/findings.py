@@ -290,6 +290,10 @@ register(Oracle.of(OutputDivergence, follows_from=("stall",),  # a stalled reque
 register(Oracle.of(Stall, export=_stall_assertion, check="mambafuzz.checks.oracle:liveness_check", order=BUILT_IN_ORDER + 3,
                    also_reports=("vllm_crash",)))  # the run with prefix caching off crashing: it did not complete
 register(Oracle.of(VllmCrash, export=lambda location: NO_CRASH, check="mambafuzz.checks.oracle:crash_check", order=BUILT_IN_ORDER))
+# The engine's reset_prefix_cache (mambafuzz/checks/cache_reset.py): a reset that leaves keys is the root cause of
+# any wrong state a later hit on them reads, so it stands just after a crash, before the state checks.
+register(Oracle("prefix_cache_reset", check="mambafuzz.checks.cache_reset:check_prefix_cache_resets",
+                order=BUILT_IN_ORDER))
 # Judged against a reference split's trace (checks.oracle.judge's `reference`), which no check of one
 # run pair sees: a report, or a finding under strict efficiency.
 register(Oracle.of(Inefficiency))

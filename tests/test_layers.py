@@ -46,6 +46,8 @@ DECLARED_NAME_EDGES = {
         "the oracle registry names the attention-block check; mambafuzz.checks.oracle.judge loads it",
     ("mambafuzz.findings", "mambafuzz.checks.cache_keys"):
         "the oracle registry names the attention-key check; mambafuzz.checks.oracle.judge loads it",
+    ("mambafuzz.findings", "mambafuzz.checks.cache_reset"):
+        "the oracle registry names the prefix-cache reset check; mambafuzz.checks.oracle.judge loads it",
     ("mambafuzz.tools.vllm_envs", "mambafuzz.cli.main"):
         "runs the mambafuzz command with another vLLM's interpreter (a subprocess, not an import)",
 }

@@ -84,8 +84,9 @@ def check_missed_hits(trace: Trace, uncached: Trace | None = None) -> Finding | 
     preempted and loaded no connector tokens (a load restores the state at its own end and
     computes from there: a checkpoint below it is never materialized); no cached block was evicted to hand it out (`BlockPool.get_new_blocks`) from R's
     last prefill step to Q's admission; Q claims no connector tokens (the connector's paths
-    trade local hits for loads: `Scheduler.schedule`, `partial_tail`). Nothing else in vLLM 0.32
-    takes such a hit away: the mamba manager keeps the prompt's checkpoint under every retention
+    trade local hits for loads: `Scheduler.schedule`, `partial_tail`); no reset of the prefix cache
+    succeeded after R's last prefill step and by Q's admission (`BlockPool.reset_prefix_cache`,
+    block_pool.py:827-863, empties it). Nothing else in vLLM 0.32 takes such a hit away: the mamba manager keeps the prompt's checkpoint under every retention
     interval (`MambaManager.cache_blocks`, `is_prompt_checkpoint`), attention keeps every full
     block of the prompt (the bound is claimed only where those reach the checkpoint:
     `attention_kept`), and a hit of Q is capped at Q's num_tokens - 1 >= R's prompt length - 1.
@@ -111,6 +112,7 @@ def check_missed_hits(trace: Trace, uncached: Trace | None = None) -> Finding | 
                 prefilled[c.request_id] = (rec.step, applied.get(rec.step, 1 << 30))
         preempted.update(rec.preempted)
     evicted = sorted(trace.lru_evictions)
+    resets = [r.step for r in trace.resets if r.succeeded]  # a successful reset empties the cache
     for q, (step, a) in first_admission.items():
         if a.external_tokens or q in trace.external_requests:
             continue
@@ -120,7 +122,7 @@ def check_missed_hits(trace: Trace, uncached: Trace | None = None) -> Finding | 
             prompt_len = trace.prompt_lens[r]
             if r == q or done >= step or r in preempted or r in loaded or len(prompt_q) < prompt_len:
                 continue
-            if any(last_chunk <= e <= step for e in evicted):
+            if any(last_chunk <= e <= step for e in evicted) or any(last_chunk < t <= step for t in resets):
                 continue
             if prompt_q[:prompt_len] != trace.prompts.get(r):
                 continue
@@ -170,8 +172,17 @@ def _capacity(trace: Trace, nocache: bool) -> Finding | None:
                     location=f"{tag}held-over-reserve/{kind}",
                     step=step, request_id=rid, mechanism=_queue(trace, step),
                 )
+    # a reset_prefix_cache(reset_running_requests=True) preempts every running request by request, not for
+    # want of blocks (scheduler.py:2850-2861); the next SchedulerOutput reports it as preempted
+    forced_at = {r.step: r.preempted for r in trace.resets if r.preempted}
+    forced: set[str] = set()
     for rec in trace.steps:
+        if forced_at:
+            forced.update(forced_at.get(rec.step, ()))
         for rid in rec.preempted:
+            if rid in forced:
+                forced.discard(rid)
+                continue
             if alone_after.get(rec.step - 1) == rid:
                 return CapacityBreach(
                     f"{prefix}step {rec.step}: {rid} was preempted while it was the only request holding blocks: "

@@ -170,6 +170,9 @@ def unsupported(s: Scenario, prefix_caching: bool = True) -> str | None:
         return ("a request that continues an earlier one: the engine replay builds no continuation prompts (the "
                 "cached and uncached engines may legitimately flip a near-tie token, and their continuations would "
                 "then start from different prompts)")
+    if s.prefix_cache_resets:
+        return ("prefix-cache resets (Scenario.prefix_cache_resets): the engine replay does not call "
+                "LLMEngine.reset_prefix_cache between its steps yet")
     if any(r.abort_in_flight for r in s.requests):
         return ("an abort that arrives while a batch executes: the in-process engine takes aborts between steps "
                 "(LLMEngine.abort_request), never from the aborts queue inside one")

@@ -24,6 +24,7 @@ from mambafuzz.model.scenario import (
     MAX_PROMPT_TOKENS,
     EngineConfig,
     Knob,
+    PrefixCacheReset,
     RequestSpec,
     Scenario,
     ample_pool_blocks,
@@ -230,16 +231,33 @@ def draw_scenario(src: Source) -> Scenario:
 
 # The draws made after every field above, in order, each added after the ones before it so that an
 # input recorded earlier decodes to the same scenario plus the new draw: request links, the connector's
-# behaviour, priorities and its answers change no other field; the load burst and decode pressure
+# behaviour, priorities, its answers and the prefix-cache resets change no other field; the load burst and decode pressure
 # revise earlier fields only where they fire. A new draw goes at the end.
 LATE_DRAWS = ("_draw_continuations", "_draw_connector", "_draw_priorities", "_draw_load_burst",
-              "_draw_decode_pressure", "_draw_connector_answers")
+              "_draw_decode_pressure", "_draw_connector_answers", "_draw_prefix_cache_resets")
 
 
 def draws_from(name: str) -> tuple[str, ...]:
     """`name` and every late draw after it: what a caller leaves out to get the scenarios drawn before
     `name` existed (each later draw would otherwise read another part of the input)."""
     return LATE_DRAWS[LATE_DRAWS.index(name):]
+
+
+def _draw_prefix_cache_resets(src: Source, scenario: Scenario) -> None:
+    """The engine's `reset_prefix_cache` calls (Scenario.prefix_cache_resets) in one scenario of eight with two
+    requests or more: one or two, early in the run (steps 1-16, where requests are running or have just
+    published), each preempting the running requests half the time (never with a KV connector: vLLM 0.32
+    raises there, the validator says why). Drawn after every other dimension and changing none of them:
+    an input recorded before the event decodes to the same scenario, with resets in an eighth of the cases."""
+    if len(scenario.requests) < 2 or src.int(0, 7):
+        return
+    step = 0
+    resets = []
+    for _ in range(src.int(1, 2)):
+        step = src.int(step + 1, step + 12)
+        running = src.bool() and not scenario.uses_connector
+        resets.append(PrefixCacheReset(step, running))
+    scenario.prefix_cache_resets = resets
 
 
 def _near(src: Source, most: int) -> int:

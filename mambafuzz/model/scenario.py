@@ -270,6 +270,23 @@ _OPTIONAL_REQUEST_FIELDS = ("continues", "continue_outputs")
 
 
 @dataclass
+class PrefixCacheReset:
+    """One call of the engine's `reset_prefix_cache` (vLLM 0.32: `LLMEngine`/`AsyncLLM.reset_prefix_cache`
+    -> `EngineCore.reset_prefix_cache`, core.py:871-876 -> `Scheduler.reset_prefix_cache`,
+    scheduler.py:2840-2883), as a client's utility call the engine core takes from its input queue
+    before `step`'s engine step (`_process_input_queue`, core.py:1573-1601), after that step's
+    arrivals and aborts. `reset_running_requests`: preempt every running request first (their
+    output still in flight is dropped), so the reset succeeds; without it the reset returns False
+    while any block is in use (block_pool.py:837-844). `reset_connector` is not modelled."""
+
+    step: int = 0
+    reset_running_requests: bool = False
+
+
+_RESET_FIELDS = {f.name: f for f in dataclasses.fields(PrefixCacheReset)}
+
+
+@dataclass
 class Scenario:
     engine: EngineConfig = field(default_factory=EngineConfig)
     prefixes: list[int] = field(default_factory=list)  # shared prefix segment lengths
@@ -277,6 +294,9 @@ class Scenario:
     # Accepted draft tokens per engine step (cycled); empty means every draft is accepted.
     acceptance: list[int] = field(default_factory=list)
     token_seed: int = 0
+    # Engine-level events: the steps at which a client calls `reset_prefix_cache` (PrefixCacheReset), in
+    # step order, at most one a step. Left out of the JSON when empty.
+    prefix_cache_resets: list[PrefixCacheReset] = field(default_factory=list)
 
     # ---- derived views -------------------------------------------------------------
     def request_ids(self) -> list[str]:
@@ -350,7 +370,8 @@ class Scenario:
 
     def size(self) -> tuple[int, int, int]:
         """(requests, last arrival/abort step, total prompt+output tokens): the minimizer's order."""
-        steps = max([r.arrival_step for r in self.requests] + [r.abort_step or 0 for r in self.requests] + [0])
+        steps = max([r.arrival_step for r in self.requests] + [r.abort_step or 0 for r in self.requests]
+                    + [r.step for r in self.prefix_cache_resets] + [0])
         tokens = sum(self.prompt_len(i) + r.max_tokens for i, r in enumerate(self.requests))
         return len(self.requests), steps, tokens
 
@@ -358,14 +379,17 @@ class Scenario:
         """Steps within which every request must finish: each step makes progress on some
         request unless the split defers it, so one step per token plus arrivals is generous.
         Under pipeline stages a request is in at most one of `stages` consecutive batches (vLLM's
-        decode stagger), so a token may take that many steps."""
+        decode stagger), so a token may take that many steps. A reset that preempts the running
+        requests may make them compute again all they had computed: its tokens count once more."""
         _, last_step, tokens = self.size()
         deferred = sum(r.connector_defer for r in self.requests)  # schedule() calls a connector deferral takes
-        return last_step + tokens * self.engine.pipeline_parallel_size + 8 * len(self.requests) + 16 + deferred
+        recomputes = sum(1 for r in self.prefix_cache_resets if r.reset_running_requests)
+        return (last_step + tokens * (1 + recomputes) * self.engine.pipeline_parallel_size + 8 * len(self.requests)
+                + 16 + deferred)
 
     # ---- JSON ----------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "engine": _engine_json(self.engine),
@@ -374,6 +398,9 @@ class Scenario:
             "acceptance": list(self.acceptance),
             "token_seed": self.token_seed,
         }
+        if self.prefix_cache_resets:  # left out when empty: files from before the event stay byte-identical
+            out["prefix_cache_resets"] = [dataclasses.asdict(r) for r in self.prefix_cache_resets]
+        return out
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n"
@@ -467,7 +494,7 @@ def from_json(raw: Any) -> Scenario:
     if version not in READABLE_VERSIONS:
         problems.append(f"version must be one of {', '.join(map(str, READABLE_VERSIONS))}, got {version!r}")
     known = {"format", "version", "engine", "prefixes", "requests", "acceptance", "token_seed", "expected", "note", "origin", "finding",
-             "engine_confirmation", "expected_by_vllm"}
+             "engine_confirmation", "expected_by_vllm", "prefix_cache_resets"}
     for name in sorted(set(raw) - known):
         problems.append(f"top-level field {name!r} is not known")
     engine_raw = raw.get("engine", {})
@@ -481,12 +508,19 @@ def from_json(raw: Any) -> Scenario:
     requests = [_build(RequestSpec, r, f"requests[{i}]", _REQUEST_FIELDS, problems) for i, r in enumerate(reqs_raw)]
     prefixes = raw.get("prefixes", [])
     acceptance = raw.get("acceptance", [])
+    resets_raw = raw.get("prefix_cache_resets", [])
+    if not isinstance(resets_raw, list):
+        problems.append("prefix_cache_resets must be a list of {step, reset_running_requests} objects")
+        resets_raw = []
+    resets = [_build(PrefixCacheReset, r, f"prefix_cache_resets[{i}]", _RESET_FIELDS, problems)
+              for i, r in enumerate(resets_raw)]
     scenario = Scenario(
         engine=engine,
         prefixes=prefixes if isinstance(prefixes, list) else [],
         requests=requests,
         acceptance=acceptance if isinstance(acceptance, list) else [],
         token_seed=raw.get("token_seed", 0),
+        prefix_cache_resets=resets,
     )
     if not isinstance(prefixes, list):
         problems.append("prefixes must be a list of lengths")
@@ -601,6 +635,7 @@ def validate(s: Scenario) -> list[str]:
             isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < len(s.prefixes) for x in r.prefix_ids
         ):
             p.append(f"{w}.prefix_ids must list indexes into prefixes (0..{len(s.prefixes) - 1})")
+    _check_resets(p, s)
     if p:
         return p
     for i, r in enumerate(s.requests):
@@ -623,6 +658,33 @@ def validate(s: Scenario) -> list[str]:
                      "longest request (counted per KV-cache group; for a model with padded groups vLLM's own is at "
                      "most a few blocks lower)")
     return p
+
+
+MAX_RESET_STEP = MAX_STEPS_ARRIVAL + MAX_PROMPT_TOKENS  # as abort_step: a reset may come at any step of a run
+
+
+def _check_resets(p: list[str], s: Scenario) -> None:
+    """`prefix_cache_resets`: well-typed, in step order, one a step, and not a combination vLLM 0.32 refuses."""
+    last = -1
+    for i, r in enumerate(s.prefix_cache_resets):
+        w = f"prefix_cache_resets[{i}]"
+        before = len(p)
+        _check_int(p, f"{w}.step", r.step, 0, MAX_RESET_STEP)
+        if not isinstance(r.reset_running_requests, bool):
+            p.append(f"{w}.reset_running_requests must be true or false")
+        if len(p) > before:
+            continue
+        if r.step <= last:
+            p.append(f"{w}.step {r.step} must come after the previous reset's step {last} (one reset a step, in order)")
+        last = r.step
+        # With a KV connector, blocks stay in use after every running request is preempted: a request
+        # waiting for a remote load holds its blocks, a finished one's are freed only when its send
+        # finishes, and a consumer connector under a batch queue defers every free (scheduler.py:186-192,
+        # `_free_request_blocks`). Scheduler.reset_prefix_cache then raises RuntimeError ("not supported
+        # yet", scheduler.py:2868-2874) instead of resetting.
+        if r.reset_running_requests and s.uses_connector:
+            p.append(f"{w}.reset_running_requests needs a scenario without a KV connector: vLLM 0.32 raises when a "
+                     "connector still holds blocks after the preemption (Scheduler.reset_prefix_cache)")
 
 
 def engine_realism_notes(e: EngineConfig) -> list[str]:

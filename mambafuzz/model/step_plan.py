@@ -26,6 +26,8 @@ class StepPlan:
     max_tokens: list[int] = field(default_factory=list)
     # continuations not arrived yet: request index -> (index of the request it continues, arrival step)
     pending: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # step -> reset_running_requests of the engine's `reset_prefix_cache` call at that step (Scenario.prefix_cache_resets)
+    resets_at: dict[int, bool] = field(default_factory=dict)
     scenario: Scenario | None = None
 
     @classmethod
@@ -40,6 +42,7 @@ class StepPlan:
                 due = plan.in_flight_aborts_at if r.abort_in_flight else plan.aborts_at
                 due.setdefault(r.abort_step, []).append(rid)
         plan.last_arrival = max((r.arrival_step for r in s.requests), default=-1)
+        plan.resets_at = {r.step: r.reset_running_requests for r in s.prefix_cache_resets}
         return plan
 
     def arrivals(self, step: int) -> list[tuple[int, str]]:
@@ -68,6 +71,12 @@ class StepPlan:
         """The requests whose abort arrives while `step`'s batch executes, still `running`."""
         due = self.in_flight_aborts_at.get(step)
         return [rid for rid in due if running(rid)] if due else []
+
+    def reset(self, step: int) -> bool | None:
+        """The `reset_running_requests` of the prefix-cache reset due at `step`, None when none is: the
+        engine core takes it from its input queue after the step's arrivals and aborts. A reset due
+        after the run ended never happens."""
+        return self.resets_at.get(step) if self.resets_at else None
 
     def done(self, step: int, has_unfinished: bool) -> bool:
         """Every request has arrived and none is left."""
@@ -103,6 +112,9 @@ class StepPlan:
         aborts = self.aborts(step, running) + self.in_flight_aborts(step, running)
         if aborts:
             session.abort(aborts)
+        reset = self.reset(step)
+        if reset is not None:
+            session.reset_prefix_cache(reset)
 
 
 def propose_drafts(session: Any, scheduled: Iterable[str], step: int, s: Scenario, token: int) -> dict[str, int]:

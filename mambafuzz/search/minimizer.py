@@ -29,9 +29,10 @@ def complexity(s: Scenario) -> tuple:
     knobs = sum(getattr(e, f.name) != getattr(_DEFAULT_ENGINE, f.name) for f in dataclasses.fields(e))
     extras = sum(bool(r.external_tokens) + (r.abort_step is not None) + r.external_async + r.abort_in_flight
                  + (r.continues is not None) + bool(r.connector_defer) for r in s.requests)
+    extras += sum(1 + r.reset_running_requests for r in s.prefix_cache_resets)
     return (requests, tokens, steps, len(s.prefixes), extras, knobs, len(s.acceptance), s.token_seed,
             e.mamba_block_size, e.max_num_batched_tokens, e.num_speculative_tokens, e.max_num_seqs,
-            e.long_prefill_token_threshold, sum(s.acceptance))
+            e.long_prefill_token_threshold, sum(s.acceptance), sum(r.step for r in s.prefix_cache_resets))
 
 
 def _drop_requests(s: Scenario) -> Iterator[Scenario]:
@@ -62,6 +63,20 @@ def _drop_links(s: Scenario) -> Iterator[Scenario]:
         if r.continues is not None:
             c = copy.deepcopy(s)
             _unlink(c.requests[i])
+            yield c
+
+
+def _drop_resets(s: Scenario) -> Iterator[Scenario]:
+    """Each prefix-cache reset dropped, then each reset that preempts the running requests made one that
+    keeps them (it may then fail: the cache left as it was)."""
+    for i in range(len(s.prefix_cache_resets) - 1, -1, -1):
+        c = copy.deepcopy(s)
+        del c.prefix_cache_resets[i]
+        yield c
+    for i, r in enumerate(s.prefix_cache_resets):
+        if r.reset_running_requests:
+            c = copy.deepcopy(s)
+            c.prefix_cache_resets[i].reset_running_requests = False
             yield c
 
 
@@ -109,6 +124,10 @@ def _int_fields(s: Scenario) -> Iterator[tuple[Callable[[Scenario], object], str
             yield req, "connector_defer", r.connector_defer, 0
     for p, length in enumerate(s.prefixes):
         yield (lambda c: c.prefixes), p, length, 1
+    for i, r in enumerate(s.prefix_cache_resets):  # earlier, down to just after the reset before it
+        def reset(c, i=i):
+            return c.prefix_cache_resets[i]
+        yield reset, "step", r.step, s.prefix_cache_resets[i - 1].step + 1 if i else 0
     def eng(c):
         return c.engine
     for name, k in knobs().items():
@@ -187,7 +206,7 @@ def _scale_geometry(s: Scenario) -> Iterator[Scenario]:
         yield geometry.scaled(s, size)
 
 
-PASSES = (_drop_requests, _drop_links, _drop_prefixes, _scale_geometry, _simplify_engine, _shrink_numbers)
+PASSES = (_drop_requests, _drop_links, _drop_resets, _drop_prefixes, _scale_geometry, _simplify_engine, _shrink_numbers)
 
 
 @dataclasses.dataclass

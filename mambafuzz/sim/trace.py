@@ -53,6 +53,21 @@ class CacheEntry(NamedTuple):
     recorded_tokens: int | None  # block_hash_num_tokens (primary keys)
 
 
+class ResetRecord(NamedTuple):
+    """One `reset_prefix_cache` call between engine steps (Scenario.prefix_cache_resets) and the cache
+    around it, for the oracle (mambafuzz/checks/cache_reset.py)."""
+
+    step: int  # taken before this step's schedule()
+    reset_running_requests: bool
+    succeeded: bool  # vLLM's answer
+    preempted: tuple[str, ...]  # requests it preempted first
+    keys_before: int  # prefix-cache keys (every group) before the call
+    keys_after: int  # and after it
+    keys_left: tuple[tuple[int, str], ...]  # a successful reset's: (block id, key hex) of each key still there
+    hashed_left: tuple[int, ...]  # a successful reset's: blocks still carrying a hash
+    unchanged: bool  # the keys after it are exactly the keys before it
+
+
 class Admission(NamedTuple):
     request_id: str
     local_hit_tokens: int
@@ -221,6 +236,7 @@ class Trace:
     # the KV connector's work beyond one-step loads (EngineConfig.connector_* knobs), in order:
     # (step, "save" | "sent" | "recv-done" | "load-fail", request, detail)
     connector_events: list[tuple[int, str, str, str]] = field(default_factory=list)
+    resets: list[ResetRecord] = field(default_factory=list)  # the engine's reset_prefix_cache calls, in order
 
     def resource_figures(self) -> dict[str, int]:
         """The figures PR mode's efficiency gate compares with the base's (mambafuzz.search.pr.efficiency_gate)."""

@@ -36,6 +36,7 @@ def step_table(trace: Trace) -> str:
     connector: dict[int, list[tuple[str, str]]] = {}
     for step, what, rid, detail in trace.connector_events:
         connector.setdefault(step, []).append((what, f"{rid} {detail}"))
+    resets = {r.step: r for r in trace.resets}
     for rec in trace.steps:
         rows: list[tuple[str, str]] = []
         event = trace.batches.get(rec.step)
@@ -50,6 +51,12 @@ def step_table(trace: Trace) -> str:
             rows.append(("abort", " ".join(rid + (" (arrived in flight: before update_from_output)"
                                                    if (rec.step, rid) in trace.in_flight_aborts else "")
                                            for rid in rec.aborts)))
+        reset = resets.get(rec.step)
+        if reset is not None:
+            how = "reset_running_requests=True" if reset.reset_running_requests else "running requests kept"
+            rows.append(("reset", f"reset_prefix_cache ({how}) -> {reset.succeeded}; {reset.keys_before} keys before, "
+                                  f"{len(reset.keys_left)} after"
+                                  + (f"; preempted {' '.join(reset.preempted)}" if reset.preempted else "")))
         if event is not None and event.scheduled is not None:
             rows.append(("schedule", f"batch {event.scheduled} ({event.in_flight} in flight); its forward runs now"))
             for block in event.published:
@@ -106,4 +113,6 @@ def trace_digest(trace: Trace) -> str:
         h.update(repr(trace.connector_events).encode())
     if trace.continuations:  # only runs with continuations, so other digests are what they were
         h.update(repr(sorted(trace.continuations.items())).encode())
+    if trace.resets:  # only runs with prefix-cache resets
+        h.update(repr(trace.resets).encode())
     return h.hexdigest()[:32]

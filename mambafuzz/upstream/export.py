@@ -148,9 +148,17 @@ def _replayed(scenario) -> tuple[str | None, str | None]:
     return (findings[0].signature, exported.signature) if exported else (None, None)
 
 
+def _refuse_resets(case: Case) -> None:
+    """Neither exported test replays the engine's reset_prefix_cache calls yet (Scenario.prefix_cache_resets)."""
+    if case.scenario.prefix_cache_resets:
+        raise ExportError(f"{case.path}: the exported test cannot replay prefix_cache_resets (the engine's "
+                          "reset_prefix_cache calls) yet; replay it with mambafuzz repro")
+
+
 def test_source(case: Case, title: str = "", why: str = "") -> str:
     """The exported test for `case` as Python source."""
     s = case.scenario
+    _refuse_resets(case)
     sig = export_signature(case)
     if check_for(sig) == EVERY_REQUEST_FINISHES:  # its connector neither fails a load nor names the request
         raise ExportError(f"{case.path}: the standalone test cannot express {sig} yet (use --style vllm)")
@@ -226,6 +234,7 @@ def vllm_test_source(case: Case, title: str = "") -> str:
     test helpers, so a maintainer can drop it into tests/v1/core/ (tests/v1/worker/ for V1's
     persistent batch) and read it in one screen."""
     s = case.scenario
+    _refuse_resets(case)
     sig = export_signature(case)
     check = check_for(sig)
     name = re.sub(r"\W+", "_", case.path.stem).strip("_").lower()

@@ -225,3 +225,10 @@ def test_a_case_with_block_size_from_groups_is_refused_in_one_line():
     case = corpus.load_case(ROOT / "corpus/untriaged/finer_group_grid_split_publishes_unaligned_state.json")
     with pytest.raises(export.ExportError, match=r"^[^\n]*engine.block_size_from_groups[^\n]*mambafuzz repro$"):
         export.test_source(case)
+
+
+@pytest.mark.parametrize("source", [export.test_source, export.vllm_test_source], ids=["standalone", "vllm"])
+def test_a_case_with_prefix_cache_resets_is_refused_in_one_line(source):
+    case = corpus.load_case(ROOT / "corpus/seeds/prefix_cache_reset_running_and_idle.json")
+    with pytest.raises(export.ExportError, match=r"^[^\n]*cannot replay prefix_cache_resets[^\n]*mambafuzz repro$"):
+        source(case)

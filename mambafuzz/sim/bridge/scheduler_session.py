@@ -89,6 +89,17 @@ class SortedIds(set):
 _CONTAINERS: dict[type, tuple[str, ...]] = {}
 
 
+class CacheReset(typing.NamedTuple):
+    """What one `reset_prefix_cache` call did: its answer, and the prefix cache around it."""
+
+    succeeded: bool  # Scheduler.reset_prefix_cache's return value
+    preempted: tuple[str, ...]  # the running requests it preempted first (reset_running_requests)
+    keys_before: frozenset[tuple[bytes, int]]  # every group's (key, block id) before the call
+    keys_after: frozenset[tuple[bytes, int]]  # and after it
+    hashed_after: tuple[int, ...]  # blocks that still carry a hash, primary or secondary, after it
+    mamba_keys_after: frozenset[tuple[bytes, int]]  # of keys_after, the first mamba group's (the audit's)
+
+
 class NoSchedulerOutput(Exception):
     """`schedule()` returned something that is not a SchedulerOutput: vLLM broke its contract with
     the engine core (the harness files it as a contract finding, SCHEDULE_RETURNS_OUTPUT)."""
@@ -293,6 +304,41 @@ class SchedulerSession:
                 **({"req_id_to_index": {r: i for i, r in enumerate(req_ids)}} if ROW_INDEX_FIELD else {}),
             ),
         )
+
+    def reset_prefix_cache(self, reset_running_requests: bool) -> CacheReset:
+        """The engine's `reset_prefix_cache` utility call (EngineCore.reset_prefix_cache, core.py:871-876, with
+        `reset_connector` False), between two engine steps. vLLM replaces the key map on success
+        (`BlockPool.reset_prefix_cache`, block_pool.py:846), so the key watch moves to the new map at once
+        (the next schedule's keys are counted) and the audit's next scan is a full one. An exception
+        vLLM raises is left to the caller (the harness files it as a crash)."""
+        running = tuple(r.request_id for r in self.scheduler.running) if reset_running_requests else ()
+        before = self.cache_keys()
+        succeeded = bool(self.scheduler.reset_prefix_cache(reset_running_requests=reset_running_requests))
+        if self._watched_keys is not None:
+            self.cache_keys_version()
+        self._added[0] = None
+        self._key_changes[0] += 1
+        pool = self.block_pool
+        hashed = {b.block_id for b in pool.blocks if b.block_hash is not None}
+        hashed.update(getattr(pool, "cached_block_hashes_by_block", {}) or ())
+        after = self.cache_keys()
+        suffix = self._mamba_key_suffix
+        return CacheReset(succeeded, running, before, after, tuple(sorted(hashed)),
+                          frozenset(k for k in after if k[0][-4:] == suffix))
+
+    def cache_keys(self) -> frozenset[tuple[bytes, int]]:
+        """Every (key, block id) in the prefix cache, every KV-cache group's (read only at reset events)."""
+        keys = self.block_pool.cached_block_hash_to_block
+        dup_ids = getattr(keys, "_dup_ids", None)
+        out = set()
+        for key, value in keys._cache.items():
+            if dup_ids is not None:
+                out.update((bytes(key), int(b)) for b in dup_ids.get(key, (value,)))
+            elif isinstance(value, dict):
+                out.update((bytes(key), b.block_id) for b in value.values())
+            else:
+                out.add((bytes(key), value.block_id))
+        return frozenset(out)
 
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         if drafts:

@@ -66,6 +66,13 @@ class CacheScan:
         self._scanned, self._scanned_version = scanned, version
         self._scanned_blocks = {block.block_id for _, block in scanned}
 
+    def after_reset(self, mamba_keys_left: set[tuple[bytes, int]] | frozenset[tuple[bytes, int]]) -> None:
+        """The engine reset the prefix cache: the entries still in it (none, when the reset emptied it) are
+        the only ones known, so an entry keyed after the reset is new even on a pair keyed before it. The
+        session forces the next scan to be a full one (SchedulerSession.reset_prefix_cache)."""
+        self.known_entries = set(mamba_keys_left)
+        self._scanned, self._scanned_blocks, self._scanned_version = [], set(), -1
+
     def check_view(self) -> None:
         """Tripwire for the incremental audit: at the end of a run the cache's mamba keys must be
         the ones the last scan saw, unless the change counter says they moved since. If not,

@@ -47,7 +47,7 @@ from mambafuzz.sim.engine.worker_contract import (
     crash_or_tool_error,
 )
 from mambafuzz.sim.state import PrefixStates, next_token
-from mambafuzz.sim.trace import Admission, BatchEvent, Chunk, SlotWrite, StepRecord, Trace
+from mambafuzz.sim.trace import Admission, BatchEvent, Chunk, ResetRecord, SlotWrite, StepRecord, Trace
 from mambafuzz.sim.worker.kernel_model import KernelGeometry, KernelModel
 from mambafuzz.sim.worker.worker_mirror import WorkerMirror, accepted_count, extend_truth
 from mambafuzz.sim.worker.worker_tables import UntoldRequest, WorkerTables
@@ -339,6 +339,28 @@ class _Runner:
                 aborts += [rid for rid in self._drain_in_flight_aborts() if rid not in aborts]
             if aborts:
                 self._abort(rec, aborts)
+        if self.plan.resets_at:
+            reset = self.plan.reset(step)
+            if reset is not None:
+                self._reset_prefix_cache(step, reset)
+
+    def _reset_prefix_cache(self, step: int, reset_running_requests: bool) -> None:
+        """The client's `reset_prefix_cache` call, the last thing the input queue delivers before the step
+        (EngineCore handles utility calls between engine steps, core.py:1573-1601, so under async scheduling
+        the batches still in flight stay queued: a request it preempts has their rows as stale output,
+        dropped on delivery, `_preempt_request(drop_stale_output=True)`, scheduler.py:1571-1614). The worker
+        learns of it only from the next SchedulerOutput (`preempted_req_ids`, then the request resumed with
+        a new table), like every preemption."""
+        result = self.session.reset_prefix_cache(reset_running_requests)
+        if result.preempted:  # waiting again: the next schedule() may readmit them (an admission)
+            self.unadmitted.update(result.preempted)
+        if self.prefix_caching:
+            self.cache_scan.after_reset(result.mamba_keys_after)
+        left = tuple(sorted((block, key.hex()) for key, block in result.keys_after)) if result.succeeded else ()
+        self.trace.resets.append(ResetRecord(
+            step, reset_running_requests, result.succeeded, result.preempted, len(result.keys_before),
+            len(result.keys_after), left, result.hashed_after if result.succeeded else (),
+            result.keys_after == result.keys_before))
 
     def _take_continuations(self, rec: StepRecord, step: int) -> None:
         """Continuations due at `step` whose earlier request ended: each prompt is the earlier

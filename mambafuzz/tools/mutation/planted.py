@@ -164,6 +164,14 @@ def pool_evict_keeps_hash() -> list[Patch]:
     return [Wrap(f"{POOL}._maybe_evict_cached_block", lambda current: lambda self, block: False)]
 
 
+@mutant("reset: reset_prefix_cache clears every block's hash but keeps the key map, so hits still find the blocks")
+def reset_keeps_key_map() -> list[Patch]:
+    return [Rewrite(f"{POOL}.reset_prefix_cache", ((
+        "self.cached_block_hash_to_block = BlockHashToBlockMap()",
+        "pass  # mutant: the key map survives the reset",
+    ),))]
+
+
 @mutant("block pool: a prefix-hit block is not taken off the free queue")
 def pool_touch_keeps_free() -> list[Patch]:
     def make(original):
