@@ -76,15 +76,23 @@ def test_the_worker_takes_back_the_rejected_drafts_of_every_batch_in_flight():
     """Two unapplied batches held the request (a decode staggered by one stage, say): the scheduler
     counted both batches' drafts as accepted, so the worker takes back both counts."""
     queue = BatchQueue(3)
-    out = SimpleNamespace(preempted_req_ids=set(), scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()))
+    out = SimpleNamespace(preempted_req_ids=set(), scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()),
+                          scheduled_new_reqs=[])
     older, newer = Batch(0, out, rejected={"r0": 2}), Batch(1, out, rejected={"r0": 1, "r1": 2})
     queue.in_flight.extendleft([older, newer])
     session = SimpleNamespace(preempted=lambda o: set())
     assert queue.worker_corrections(session, out) == {"r0": 3, "r1": 2}
     queue.in_flight.pop()  # the older batch was applied: the scheduler has rolled its drafts back
     assert queue.worker_corrections(session, out) == {"r0": 1, "r1": 2}
-    dropped = SimpleNamespace(preempted_req_ids={"r1"}, scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()))
+    dropped = SimpleNamespace(preempted_req_ids={"r1"}, scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()),
+                              scheduled_new_reqs=[])
     assert queue.worker_corrections(SimpleNamespace(preempted=lambda o: {"r1"}), dropped) == {"r0": 1}
+    # ...for good: once dropped, r1 is a new request to the worker, and a later output (r1 re-admitted
+    # while that batch is still in flight, as after a forced reset) takes nothing back for it
+    assert queue.worker_corrections(session, out) == {"r0": 1}
+    readmitted = SimpleNamespace(preempted_req_ids=set(), scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()),
+                                 scheduled_new_reqs=[SimpleNamespace(req_id="r0")])
+    assert queue.worker_corrections(session, readmitted) == {}
 
 
 def test_the_generator_draws_stages_only_where_they_are_modelled():

@@ -147,3 +147,23 @@ def test_a_key_published_again_on_the_same_block_after_a_reset_is_new_to_the_aud
     kept = StepRecord(2)
     scan.step(kept)
     assert kept.cache == []
+
+
+def test_a_request_readmitted_after_a_forced_reset_runs_from_where_it_is_told():
+    """Found by a 10-minute campaign (2026-12-07): pipeline stages 2 (three batches in flight), MTP, a
+    preempting reset at step 13. vLLM drops the request's in-flight output and re-admits it at once;
+    the drafts its earlier incarnation had rejected in batches still in flight must not move the new
+    incarnation's rows (engine_core.BatchQueue.worker_corrections). Before the fix the row ran from
+    token 7 after a re-prefill to 8, and a later one past the request's tokens."""
+    from pathlib import Path
+
+    from mambafuzz.model.scenario import loads
+
+    case = Path(__file__).resolve().parents[2] / "corpus" / "seeds" / "prefix_cache_reset_under_pipeline_mtp.json"
+    s = loads(case.read_text())
+    assert s.engine.pipeline_parallel_size == 2 and s.prefix_cache_resets[0].reset_running_requests
+    v = evaluate(s, "fixed", efficiency=False)
+    assert v.verdict.clean, [f.message for f in v.verdict.findings]
+    assert any(rec.preempted for rec in v.trace.steps)  # the reset did preempt the running request
+    starts = [c.start for rec in v.trace.steps for c in rec.chunks]
+    assert min(starts) >= 0
