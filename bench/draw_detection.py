@@ -1,6 +1,7 @@
 """What one of the generator's draws buys, in planted bugs found per execution: for the random
 generator's seeds S..S+N-1, the scenarios the draw changes are run with it and without it (the
-same seed), clean and under each planted bug (mambafuzz.tools.mutation.planted), and a planted
+same seed; the late draws after it left out of both), clean and under each planted bug
+(mambafuzz.tools.mutation.planted), and a planted
 bug counts as detected in a scenario when the scenario has a finding under it and none without it
 (what a campaign would file as new). Scenarios the draw leaves alone detect the same with it and
 without it, so the difference between the two columns is the draw's whole effect on the random
@@ -11,7 +12,8 @@ inverse of that chance).
                                    [--mutants NAME ...] [--cost]
 
 `--cost` instead times the fuzzer's evaluation (`evaluate`, both runs and the oracles) of every
-seed's scenario with the draw and without it, interleaved in this process (CPU time), and prints
+seed's scenario with the draw and without it, interleaved in this process (CPU time, each timed
+after an untimed run of both, so neither pays for building a config the other reuses), and prints
 the ratio: what the draw costs in executions per second.
 
 Nothing is asserted; the figures go to bench/RESULTS.md.
@@ -57,22 +59,34 @@ def main(argv: list[str] | None = None) -> int:
         with patching.applied(planting.patches(mutant) if mutant else []):
             return frozenset(f.signature for f in evaluate(s, "fixed", efficiency=False).verdict.findings)
 
+    # the late draws after it read another part of the input once it is off: left out of both runs,
+    # so the two differ by the draw alone
+    later = generate.draws_from(args.draw)[1:] if args.draw in generate.LATE_DRAWS else ()
+    saved = {name: getattr(generate, name) for name in (args.draw, *later)}
+
     def drawn(seed: int, with_draw: bool):
+        for name in later:
+            setattr(generate, name, lambda src, scenario: None)
         setattr(generate, args.draw, draw if with_draw else (lambda src, scenario: None))
         try:
             return generate.random_scenario(random.Random(seed))
         finally:
-            setattr(generate, args.draw, draw)
+            for name, fn in saved.items():
+                setattr(generate, name, fn)
 
     if args.cost:
         spent = {True: 0.0, False: 0.0}
         for seed in range(args.first_seed, args.first_seed + args.seeds):
+            pair = {}
             for flag in (True, False):
                 s = drawn(seed, flag)
                 try:
                     validate(s)
                 except ScenarioError:
                     continue
+                pair[flag] = s
+                evaluate(s, "fixed", efficiency=False)  # untimed: the configs either one builds are cached now
+            for flag, s in pair.items():
                 t = time.process_time()
                 evaluate(s, "fixed", efficiency=False)
                 spent[flag] += time.process_time() - t

@@ -273,7 +273,9 @@ def check_liveness(trace: Trace) -> Finding | None:
                      location="wall-clock", step=len(trace.steps))
     if trace.hit_bound or trace.unfinished:
         names = ", ".join(trace.unfinished) or "some request"
-        return Stall(f"{names} did not finish within {trace.step_bound} steps",
+        why = (f" (from step {trace.stopped_idle_at} on, nothing was scheduled, in flight or due: a fixed point of "
+               "the scheduler, so the run stopped there)" if trace.stopped_idle_at is not None else "")
+        return Stall(f"{names} did not finish within {trace.step_bound} steps{why}",
                      location="step-bound", step=len(trace.steps), request_id=(trace.unfinished or [None])[0],
                      unfinished=tuple(trace.unfinished))
     return None

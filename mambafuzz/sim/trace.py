@@ -168,6 +168,9 @@ class Trace:
     unfinished: list[str] = field(default_factory=list)
     step_bound: int = 0
     hit_bound: bool = False
+    # the first of the quiet steps after which the run stopped before its bound: the scheduler had reached a fixed
+    # point (harness.IDLE_STEPS_TO_STALL quiet steps: nothing scheduled, in flight or due); None otherwise
+    stopped_idle_at: int | None = None
     timed_out: bool = False  # the wall-clock bound, not the step bound, ended the run
     crash: Crash | None = None
     # the engine facts the oracle's signatures need

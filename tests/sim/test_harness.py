@@ -434,3 +434,23 @@ def test_each_batch_event_publishes_the_mamba_blocks_keyed_by_its_schedule_and_b
             published += len(event.published)
             on_update += len(event.published_on_update)
     assert published > 20, (published, on_update)
+
+
+def test_a_scheduler_at_a_fixed_point_ends_the_run_as_a_stall_early():
+    """Nothing scheduled, nothing in flight, no transfer and no input due for IDLE_STEPS_TO_STALL
+    steps: vLLM's scheduler has no clock, so it would schedule nothing until the bound (1,183 steps
+    for this case). The run stops there, with the same stall finding, and says why."""
+    from pathlib import Path
+
+    from mambafuzz.checks.pipeline import evaluate
+    from mambafuzz.model.scenario import loads
+    from mambafuzz.sim.engine import harness as harness_module
+
+    case = Path(__file__).resolve().parents[2] / "corpus" / "untriaged" / "parked_loads_promotion_mamba_blocks_stall.json"
+    s = loads(case.read_text())
+    trace = harness_module.run(s)
+    assert trace.hit_bound and trace.stopped_idle_at is not None
+    assert len(trace.steps) < trace.step_bound // 10
+    assert all(not rec.chunks for rec in trace.steps[-harness_module.IDLE_STEPS_TO_STALL:])
+    finding = evaluate(s, "fixed", efficiency=False).verdict.primary
+    assert finding.signature == "stall:step-bound" and "fixed point of the scheduler" in finding.message

@@ -143,6 +143,11 @@ def run(scenario: Scenario, split: scheduler_session.SplitFn | None = None, spli
     return trace
 
 
+# Quiet steps in a row (nothing scheduled, in flight or due) after which a run is a stall: more than
+# any connector deferral (RequestSpec.connector_defer <= 8) keeps a request waiting without a row
+IDLE_STEPS_TO_STALL = 32
+
+
 class _Runner:
     def __init__(self, scenario: Scenario, plan: StepPlan, session: scheduler_session.SchedulerSession, trace: Trace,
                  prefix_caching: bool, deadline: float = float("inf")):
@@ -217,10 +222,14 @@ class _Runner:
     # ---- main loop -------------------------------------------------------------------
     def run(self) -> None:
         step = 0
+        plan = self.plan
+        # the last step with input due (arrivals, aborts, resets); continuations wait on requests ending
+        last_input = max([plan.last_arrival, *plan.aborts_at, *plan.in_flight_aborts_at, *plan.resets_at])
+        quiet = 0
         try:
             while True:
-                end = self.plan.end(step, self.session.has_unfinished() or bool(self.queue)
-                                    or self.transfers.busy())
+                end = plan.end(step, self.session.has_unfinished() or bool(self.queue)
+                               or self.transfers.busy())
                 if end is not None:
                     self.trace.hit_bound = end == BOUND
                     break
@@ -228,6 +237,19 @@ class _Runner:
                     self.trace.timed_out = True
                     break
                 self._engine_step(step)
+                # A quiet step: no row ran, no batch in flight holds a row, no transfer is under way, no input is
+                # due any more. vLLM's scheduler has no clock, so after a quiet step the next schedule() sees
+                # the same state and schedules nothing again: a fixed point. IDLE_STEPS_TO_STALL of them in a
+                # row end the run as a stall now rather than at its bound (thousands of steps for long prompts).
+                if (step > last_input and not self.trace.steps[-1].chunks and not self.transfers.busy()
+                        and not plan.pending and not any(b.out.num_scheduled_tokens for b in self.queue.in_flight)):
+                    quiet += 1
+                    if quiet >= IDLE_STEPS_TO_STALL:
+                        self.trace.hit_bound = True
+                        self.trace.stopped_idle_at = step - quiet + 1  # the first quiet step
+                        break
+                else:
+                    quiet = 0
                 step += 1
         except _WallClockExceeded:
             self.trace.timed_out = True
