@@ -189,8 +189,8 @@ def _repro_one(args: argparse.Namespace, path: str, patches, base) -> int:
     if args.print_scenario:
         print(case.scenario.dumps(), end="")
         return EXIT_CLEAN
-    scenario = with_scheduling(case.scenario, args.scheduling)
     try:
+        scenario = with_scheduling(case.scenario, args.scheduling)
         if base is not None:
             base.figures_begin(with_runner(scenario, args.runner))
         try:

@@ -137,3 +137,15 @@ def test_a_crash_of_mambafuzz_itself_is_exit_3_in_one_line_never_a_finding(monke
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "internal error: RuntimeError: simulated bug in mambafuzz" in err
     assert "not a finding" in err
+
+
+def test_a_scheduling_override_the_scenario_cannot_take_is_one_line(tmp_path, capsys):
+    """`--scheduling sync` on a pipeline-parallel scenario (modelled under async only) is a usage
+    error in one line, not an internal error."""
+    s = first_chunk_scenario()
+    s.engine.pipeline_parallel_size = 2
+    p = tmp_path / "pp.json"
+    p.write_text(s.dumps())
+    assert main(["repro", str(p), "--scheduling", "sync"]) == 2
+    err = capsys.readouterr().err
+    assert "needs async scheduling" in err and "internal error" not in err and len(err.strip().splitlines()) == 1
