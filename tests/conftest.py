@@ -28,6 +28,23 @@ def leave_out_draws(monkeypatch, first: str) -> None:
     for name in generate.draws_from(first):
         monkeypatch.setattr(generate, name, lambda src, scenario: None)
 
+
+def drawn_with_and_without(draw: str, seeds) -> tuple[list, list]:
+    """The random generator's scenarios for `seeds` with the late draw `draw` and without it, the late
+    draws after it left out of both: the two lists differ by `draw` alone."""
+    import random
+
+    from mambafuzz.model import generate
+
+    after = generate.draws_from(draw)[1:]
+    with pytest.MonkeyPatch.context() as mp:
+        if after:
+            leave_out_draws(mp, after[0])
+        drawn = [generate.random_scenario(random.Random(seed)) for seed in seeds]
+        leave_out_draws(mp, draw)
+        before = [generate.random_scenario(random.Random(seed)) for seed in seeds]
+    return drawn, before
+
 MAMBA_BLOCK_SIZE = 1600
 ATTN_BLOCK_SIZE = 16
 

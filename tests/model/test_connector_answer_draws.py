@@ -6,23 +6,14 @@ from __future__ import annotations
 import dataclasses
 import random
 
-import pytest
-
 from mambafuzz.model import generate
 from mambafuzz.model.scenario import validate
 from mambafuzz.search import minimizer
-from tests.conftest import leave_out_draws
+from tests.conftest import drawn_with_and_without
 
 
 def _with_and_without(seeds):
-    after = generate.draws_from("_draw_connector_answers")[1:]
-    with pytest.MonkeyPatch.context() as mp:
-        if after:  # the draws after it: left out of both runs
-            leave_out_draws(mp, after[0])
-        drawn = [generate.random_scenario(random.Random(seed)) for seed in seeds]
-        leave_out_draws(mp, "_draw_connector_answers")
-        before = [generate.random_scenario(random.Random(seed)) for seed in seeds]
-    return drawn, before
+    return drawn_with_and_without("_draw_connector_answers", seeds)
 
 
 def _without_answers(s):

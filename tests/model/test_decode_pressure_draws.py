@@ -5,27 +5,17 @@ scenarios only, through fields the input model already has."""
 from __future__ import annotations
 
 import dataclasses
-import random
-
-import pytest
 
 from mambafuzz.model import generate
 from mambafuzz.model.scenario import min_pool_blocks, validate
-from tests.conftest import leave_out_draws
+from tests.conftest import drawn_with_and_without
 
 ENGINE_FIELDS = {"num_gpu_blocks", "max_num_seqs"}
 REQUEST_FIELDS = {"max_tokens", "arrival_step"}
 
 
 def _with_and_without(seeds):
-    after = generate.draws_from("_draw_decode_pressure")[1:]
-    with pytest.MonkeyPatch.context() as mp:
-        if after:  # the draws after it: left out of both runs
-            leave_out_draws(mp, after[0])
-        drawn = [generate.random_scenario(random.Random(seed)) for seed in seeds]
-        leave_out_draws(mp, "_draw_decode_pressure")
-        before = [generate.random_scenario(random.Random(seed)) for seed in seeds]
-    return drawn, before
+    return drawn_with_and_without("_draw_decode_pressure", seeds)
 
 
 def test_the_pressure_is_a_late_draw_and_revises_only_its_fields_in_multi_request_scenarios():

@@ -5,13 +5,9 @@ asynchronously, and only through fields the input model already has."""
 from __future__ import annotations
 
 import dataclasses
-import random
 
-import pytest
-
-from mambafuzz.model import generate
 from mambafuzz.model.scenario import validate
-from tests.conftest import leave_out_draws
+from tests.conftest import drawn_with_and_without
 
 # the fields the burst may revise; everything else is as the earlier draws left it
 ENGINE_FIELDS = {"num_gpu_blocks", "max_num_seqs"}
@@ -19,12 +15,7 @@ REQUEST_FIELDS = {"arrival_step", "external_tokens", "external_async", "unique_l
 
 
 def _with_and_without(seeds):
-    with pytest.MonkeyPatch.context() as mp:
-        leave_out_draws(mp, generate.draws_from("_draw_load_burst")[1])  # the draws after it: out of both runs
-        drawn = [generate.random_scenario(random.Random(seed)) for seed in seeds]
-        leave_out_draws(mp, "_draw_load_burst")
-        before = [generate.random_scenario(random.Random(seed)) for seed in seeds]
-    return drawn, before
+    return drawn_with_and_without("_draw_load_burst", seeds)
 
 
 def _async_loads(s):
