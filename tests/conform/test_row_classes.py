@@ -60,7 +60,10 @@ def test_the_conform_target_counts_each_input_once_per_runner():
 
 
 def test_a_conform_campaign_reports_its_row_classes(tmp_path):
-    proc = conform_campaign(tmp_path, "--runner", "v1", "--max-time", "6")
+    # Counted executions, not a time box (a 6-second box ran none on a loaded machine). Synchronous:
+    # V1 under async scheduling reaches vllm-project/vllm#51571's open family within a dozen inputs
+    # (docs/CONFORMANCE.md), which is a finding, not what this test is about.
+    proc = conform_campaign(tmp_path, "--runner", "v1", "--scheduling", "sync", "--runs", "12", "--max-time", "300")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert executions(proc.stdout) > 0
     table = proc.stdout.split("row classes (inputs reaching each", 1)[1]
