@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -41,21 +43,11 @@ def test_harness_cost_split_stubs_real_pieces_and_prints_every_variant():
         assert any(line.startswith(name) for line in out.stdout.splitlines()), name
 
 
-def _pair_coverage():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import pair_coverage
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return pair_coverage
-
-
 def test_pair_coverage_tells_a_preemption_after_output_from_one_in_prefill():
     from types import SimpleNamespace as NS
 
+    from mambafuzz.search import state_coverage as pc
     from mambafuzz.sim.trace import Chunk
-
-    pc = _pair_coverage()
 
     def step(chunks=(), preempted=()):
         return NS(preempted=list(preempted), admissions=[], recv_done=[], writes=[], aborts=[],
@@ -69,15 +61,17 @@ def test_pair_coverage_tells_a_preemption_after_output_from_one_in_prefill():
     assert pc.event_dimensions(scenario, trace) == {"event:preempted-in-prefill"}
 
 
-def test_pair_coverage_counts_are_consistent(tmp_path):
-    pc = _pair_coverage()
+@pytest.mark.parametrize("generator", ["random", "pairs"])
+def test_pair_coverage_counts_are_consistent(tmp_path, generator):
+    from mambafuzz.search import state_coverage as pc
+
     assert {name for name, _ in pc.KNOBS}.isdisjoint(pc.EVENTS)
-    out = subprocess.run([sys.executable, "bench/pair_coverage.py", "12", "--rarest", "3", "--json",
-                          str(tmp_path / "pairs.json")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "bench/pair_coverage.py", "12", "--rarest", "3", "--generator", generator,
+                          "--json", str(tmp_path / "pairs.json")], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads((tmp_path / "pairs.json").read_text())
     runs, dims = report["executions"], report["dimensions"]
-    assert 0 < runs <= 12 and set(dims) == {name for name, _ in pc.KNOBS} | set(pc.EVENTS)
+    assert 0 < runs <= 12 and set(dims) == set(pc.ALL_DIMENSIONS) and report["generator"] == generator
     assert any(dims.values()), "no dimension seen in any execution"
     for pair, count in report["pairs"].items():  # a pair occurs no more often than either of its halves
         a, b = pair.split(" + ")

@@ -70,6 +70,7 @@ def own_loop(module: str) -> LaunchFn:
             config.rss_limit_mb = cfg.rss_limit_mb
             # Only the first job replays the corpus; the others start generating at once.
             config.replay_dirs = [str(d) for d in [cfg.corpus, *cfg.seed_dirs]] if job == 0 else []
+            config.corpus = str(cfg.corpus)
             out.append(Launch([sys.executable, "-m", module], config))
         return out
 
@@ -111,6 +112,8 @@ GENERATORS: dict[str, Generator] = {g.name: g for g in (
     Generator("hypothesis", "Hypothesis' decoder under the same feedback", libfuzzer, decoder="hypothesis",
               needs_atheris=True),
     Generator("random", "seeded, no feedback", own_loop("mambafuzz.search.random_worker")),
+    Generator("pairs", "seeded, keeps and mutates inputs that reach a new pair of knobs and scheduler events "
+              "(state coverage)", own_loop("mambafuzz.search.pairs_worker"), targets=("scheduler",)),
 )}
 DEFAULT = "random"  # the best attributed time to bug in bench/mutation_score.py (README, 'Mutation testing')
 

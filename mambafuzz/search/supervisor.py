@@ -196,11 +196,14 @@ class Campaign:
     def totals(self) -> tuple[int, int | None, int | None]:
         """(executions, coverage, corpus size).  Executions: the workers' own counts or
         libFuzzer's, summed over the processes, whichever is ahead.  Coverage and corpus size:
-        those of the furthest libFuzzer process (they share one corpus directory, so their sets
-        overlap); None for the random generator."""
+        overlap), or of a worker that reports its own (`pairs`: state-coverage features and kept
+        inputs); None for the random generator."""
         execs = sum(int(w.progress.get("execs", 0)) for w in self.workers.values())
         rows = [w.libfuzzer for w in self.workers.values() if w.libfuzzer]
         if not rows:
+            own = [w.progress for w in self.workers.values() if "cov" in w.progress]
+            if own:
+                return execs, max(int(p["cov"]) for p in own), max(int(p["corpus"]) for p in own)
             return execs, None, None
         return max(execs, sum(r[0] for r in rows)), max(r[1] for r in rows), max(r[2] for r in rows)
 

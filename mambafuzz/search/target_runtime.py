@@ -55,6 +55,7 @@ class Runtime:
         self.tool_errors = 0  # inputs mambafuzz itself failed on (kept under findings/tool-errors/)
         self.started = time.monotonic()
         self._last_status = self.started
+        self.feedback: dict = {}  # a generator's own counters for its progress events (`pairs`: cov, corpus)
 
     @classmethod
     def from_environment(cls) -> Runtime:
@@ -155,7 +156,8 @@ class Runtime:
         emit("done" if final else "progress", execs=self.execs, rejected=self.rejected,
              findings=len(self.triage.filed), dups=self.triage.duplicates, modes=self.modes, tool_errors=self.tool_errors,
              seconds=round(time.monotonic() - self.started, 1), rss_mb=round(current_rss_mb()),
-             **({"row_classes": self.row_classes.to_json()} if self.row_classes is not None else {}), **extra)
+             **({"row_classes": self.row_classes.to_json()} if self.row_classes is not None else {}),
+             **self.feedback, **extra)
 
 
 def current_rss_mb() -> float:

@@ -90,6 +90,7 @@ class WorkerConfig:
     runs: int = 0
     rss_limit_mb: int = 0
     replay_dirs: list[str] = field(default_factory=list)
+    corpus: str = ""  # where a generator that keeps inputs (`pairs`) writes them; "" keeps none on disk
     # wall-clock (time.time()) end of the whole campaign, 0: none. --max-time counts from the
     # campaign's start, so a worker's own start-up (importing vLLM, instrumenting) comes out of it.
     deadline: float = 0.0

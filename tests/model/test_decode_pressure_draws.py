@@ -45,21 +45,14 @@ def test_the_pressure_is_a_late_draw_and_revises_only_its_fields_in_multi_reques
 def test_the_pressure_makes_preemptions_of_requests_that_sampled_common():
     """Among the scenarios the draw changes, more runs preempt a request that had already sampled
     (the dimension bench/pair_coverage.py measured at 1.1% of executions before the draw)."""
-    import sys
-    from pathlib import Path
-
+    from mambafuzz.search.state_coverage import event_dimensions
     from mambafuzz.sim.engine import harness
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    try:
-        import pair_coverage
-    finally:
-        sys.path.pop(0)
     drawn, before = _with_and_without(range(400))
     pairs = [(s, b) for s, b in zip(drawn, before) if s != b]
 
     def preempts_after_output(s):
-        return "event:preempted-with-output" in pair_coverage.event_dimensions(s, harness.run(s))
+        return "event:preempted-with-output" in event_dimensions(s, harness.run(s))
 
     with_draw = sum(preempts_after_output(s) for s, _ in pairs)
     without = sum(preempts_after_output(b) for _, b in pairs)

@@ -20,7 +20,7 @@ import _signal
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,7 +140,14 @@ def run(scenario: Scenario, split: scheduler_session.SplitFn | None = None, spli
         if use_alarm:
             _signal.setitimer(_signal.ITIMER_REAL, 0)
             _signal.signal(_signal.SIGALRM, previous)
+    for observe in RUN_OBSERVERS:
+        observe(scenario, trace)
     return trace
+
+
+# Called with (scenario, trace) after every run: a generator's feedback from what a run reached
+# (the `pairs` generator's state coverage, mambafuzz.search.pairs_worker). Empty unless one registers.
+RUN_OBSERVERS: list[Callable[[Scenario, Trace], None]] = []
 
 
 # Quiet steps in a row (nothing scheduled, in flight or due) after which a run is a stall: more than
