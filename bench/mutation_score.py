@@ -12,7 +12,7 @@ planted bug is `unconfirmed` and the hunt counts as not found. A campaign that e
 tool error (exit 3) is `tool-error`, never a kill.
 
     python bench/mutation_score.py [--generators atheris hypothesis random] [--seeds 5]
-        [--max-time 30] [--mutants NAME ...] [--parallel 2] [--jsonl OUT.jsonl]
+        [--max-time 30] [--mutants NAME ...] [--parallel 2] [--base installed] [--jsonl OUT.jsonl]
 
 `--jsonl` appends one line per hunt and skips hunts already in the file, so an interrupted
 run resumes where it stopped. "fuzz s" counts from the worker being ready to run inputs;
@@ -43,9 +43,11 @@ INTERRUPTED = {130, -2, -9, -15, 137, 143}
 CONFIRM_LOCK = threading.Lock()
 
 
-def hunt(mutant: str, generator: str, seed: int, max_time: float) -> dict:
-    """One campaign from an empty corpus, stopped at the first filed finding."""
-    row: dict = {"mutant": mutant, "generator": generator, "seed": seed, "killed": False, "max_time": max_time}
+def hunt(mutant: str, generator: str, seed: int, max_time: float, base: str | None = None) -> dict:
+    """One campaign from an empty corpus, stopped at the first filed finding (with `base`, the first
+    one that base does not show: `fuzz --base`, the PR job's rule)."""
+    row: dict = {"mutant": mutant, "generator": generator, "seed": seed, "killed": False, "max_time": max_time,
+                 **({"base": base} if base else {})}
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, MAMBAFUZZ_MUTANT="" if mutant == "none" else mutant)
         start = time.monotonic()
@@ -53,7 +55,8 @@ def hunt(mutant: str, generator: str, seed: int, max_time: float) -> dict:
             [sys.executable, "-m", "mambafuzz.cli.main", "fuzz", "--split", "fixed", "--generator", generator,
              "--seed", str(seed), "--max-time", str(max_time), "--stop-on-first", "--seeds", "--quiet",
              "--known", "corpus/regressions", "corpus/upstream",
-             "--corpus", f"{tmp}/corpus", "--findings", f"{tmp}/findings", "--minimize-budget", "5"],
+             "--corpus", f"{tmp}/corpus", "--findings", f"{tmp}/findings", "--minimize-budget", "5",
+             *(["--base", base] if base else [])],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=max_time + 300)
         row["wall"] = round(time.monotonic() - start, 1)
         if proc.returncode in INTERRUPTED:  # stopped from outside: no result, and nothing to record
@@ -142,6 +145,8 @@ def main() -> int:
     p.add_argument("--mutants", nargs="*", default=["none", *MUTANTS],
                    help="'none' is the control: the unmodified vLLM must not be 'killed'")
     p.add_argument("--parallel", type=int, default=1, help="hunts at once (each is one process)")
+    p.add_argument("--base", metavar="VLLM", help="PR mode (`fuzz --base VLLM`, e.g. installed): a hunt goes on "
+                   "past findings unmodified vLLM shows too (its open candidates) instead of stopping there")
     p.add_argument("--jsonl", metavar="OUT", help="append a line per hunt; hunts already there are not re-run")
     p.add_argument("--json", metavar="OUT", help="write every row as one JSON list at the end")
     args = p.parse_args()
@@ -153,17 +158,17 @@ def main() -> int:
     done: list[dict] = []
     if args.jsonl and Path(args.jsonl).exists():
         done = [json.loads(line) for line in Path(args.jsonl).read_text().splitlines() if line.strip()]
-    have = {(r["mutant"], r["generator"], r["seed"], r["max_time"]) for r in done}
+    have = {(r["mutant"], r["generator"], r["seed"], r["max_time"]) for r in done if r.get("base") == args.base}
     todo = [(m, g, s) for m in args.mutants for g in args.generators
             for s in range(1, (args.control_seeds if m == "none" else args.seeds) + 1)
             if (m, g, s, args.max_time) not in have]
     rows = [r for r in done if r["max_time"] == args.max_time and r["mutant"] in args.mutants
-            and r["generator"] in args.generators]
+            and r["generator"] in args.generators and r.get("base") == args.base]
     print(f"{len(todo)} hunts to run ({len(rows)} already in {args.jsonl})" if args.jsonl else f"{len(todo)} hunts",
           flush=True)
     try:
         with ThreadPoolExecutor(args.parallel) as pool:
-            for r in pool.map(lambda t: hunt(*t, args.max_time), todo):
+            for r in pool.map(lambda t: hunt(*t, args.max_time, args.base), todo):
                 if r.get("interrupted"):
                     continue
                 rows.append(r)
