@@ -196,6 +196,7 @@ class Campaign:
     def totals(self) -> tuple[int, int | None, int | None]:
         """(executions, coverage, corpus size).  Executions: the workers' own counts or
         libFuzzer's, summed over the processes, whichever is ahead.  Coverage and corpus size:
+        those of the furthest libFuzzer process (they share one corpus directory, so their sets
         overlap), or of a worker that reports its own (`pairs`: state-coverage features and kept
         inputs); None for the random generator."""
         execs = sum(int(w.progress.get("execs", 0)) for w in self.workers.values())
