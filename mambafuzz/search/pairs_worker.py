@@ -41,6 +41,9 @@ def pair_inputs(config: WorkerConfig, runtime) -> Iterator[None]:
     harness.RUN_OBSERVERS.append(observe)
     corpus = Path(config.corpus) if config.corpus else None
     try:
+        if corpus is not None and corpus.is_dir():
+            _reload(search, corpus, config, reached)
+        runtime.feedback = {"cov": len(search.counts), "corpus": len(search.pool)}
         while True:
             yield
             data = search.next_input()
@@ -55,6 +58,31 @@ def pair_inputs(config: WorkerConfig, runtime) -> Iterator[None]:
             runtime.feedback = {"cov": len(search.counts), "corpus": len(search.pool)}
     finally:
         harness.RUN_OBSERVERS.remove(observe)
+
+
+def _reload(search, corpus: Path, config: WorkerConfig, reached: list) -> None:
+    """The byte inputs an earlier campaign kept in `corpus` go back into the search: each is run
+    once with prefix caching (no oracle: the replay judges it) for the features it reaches, as
+    libFuzzer loads its corpus before mutating. Scenario files are left to the replay."""
+    from mambafuzz.model.generate import scenario_from_bytes
+    from mambafuzz.model.inputs import decode_json_case, iter_input_files
+    from mambafuzz.model.scenario import ScenarioError, validate, with_runner, with_scheduling
+    from mambafuzz.sim.engine import harness
+
+    for _, data in iter_input_files([corpus], {}, warn=lambda _: None):  # the replay warns about junk
+        if decode_json_case(data) is not None:
+            continue
+        reached.clear()
+        try:
+            scenario = with_scheduling(with_runner(scenario_from_bytes(data), config.runner), config.scheduling)
+            if validate(scenario):
+                continue
+            harness.run(scenario)
+        except ScenarioError:
+            continue
+        if reached:
+            search.observe(data, reached[0])
+    reached.clear()
 
 
 def main() -> int:

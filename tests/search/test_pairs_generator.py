@@ -95,3 +95,28 @@ def test_a_pairs_campaign_keeps_what_reached_new_pairs_in_its_corpus_and_reports
     assert kept and all(decode_input(p.read_bytes()) is not None for p in kept)
     last = [x for x in proc.stdout.splitlines() if " execs " in x and " cov " in x][-1]
     assert f"corpus {len(kept)} " in last and "cov -" not in last, last
+
+
+def test_a_pairs_worker_takes_back_what_an_earlier_campaign_kept(tmp_path):
+    """The search starts from the byte inputs in its corpus (their features counted, each kept
+    input a parent), as libFuzzer loads its corpus; a scenario file there is left to the replay."""
+    from types import SimpleNamespace
+
+    from mambafuzz.search.pairs_worker import pair_inputs
+    from mambafuzz.search.worker_protocol import WorkerConfig
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"in{i}").write_bytes(random.Random(i).randbytes(64))
+    (corpus / "case.json").write_text((ROOT / "corpus" / "seeds" / "mtp_acceptance_cycle.json").read_text())
+    runtime = SimpleNamespace(feedback={})
+    loop = pair_inputs(WorkerConfig(corpus=str(corpus), seed=1), runtime)
+    next(loop)  # up to the first input: the corpus is loaded
+    assert 1 <= runtime.feedback["corpus"] <= 3 and runtime.feedback["cov"] > 3
+    loop.close()
+    empty = SimpleNamespace(feedback={})
+    other = pair_inputs(WorkerConfig(corpus=str(tmp_path / "none"), seed=1), empty)
+    next(other)
+    assert empty.feedback == {"cov": 0, "corpus": 0}
+    other.close()
