@@ -78,12 +78,9 @@ def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: f
 
         case = load_case(files[0])
         with LOCK:
-            if meta["signature"].startswith(EFFICIENCY_GATE):
-                ok, why = confirms_regression(case.scenario, mutant_id, meta["signature"])
-            else:
-                ok, why = kills.confirms_kill(case.scenario, "fixed", mutant_id, meta["signature"])
+            ok, why = kills.confirms_finding(case.scenario, mutant_id, meta["signature"])
             # the oracles' replay says nothing of a gate kill (its figures need the base): not applicable
-            gate = meta["signature"].startswith(EFFICIENCY_GATE)
+            gate = meta["signature"].startswith(kills.EFFICIENCY_GATE)
             hidden = hidden_by_known_fixes(case.scenario, mutant_id) if ok and not gate else None
         status = "killed" if ok else "unconfirmed"
         if keep:
@@ -92,25 +89,6 @@ def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: f
             kept.write_text(files[0].read_text())
             row["finding"] = str(kept)
         return {**row, "killed": ok, "status": status, "why": why, "hidden_by_known_fixes": hidden}
-
-
-EFFICIENCY_GATE = "efficiency_regression:"
-
-
-def confirms_regression(scenario, mutant_id: str, signature: str) -> tuple[bool, str]:
-    """An efficiency-gate finding kills the mutant when the mutant's figures are worse than the
-    unmutated vLLM's on the case in exactly the figures the signature names (both replayed here)."""
-    from mambafuzz.search.pr import efficiency_gate
-    from mambafuzz.sim import patching
-    from mambafuzz.tools.mutation import planting
-
-    theirs = efficiency_gate.figures_of(scenario, "fixed")
-    with patching.applied(planting.patches(mutant_id)):
-        ours = efficiency_gate.figures_of(scenario, "fixed")
-    gap = efficiency_gate.regression(ours, theirs)
-    if gap is not None and gap.signature == signature:
-        return True, gap.message
-    return False, f"replayed: {gap.signature if gap else 'no regression'} (filed {signature})"
 
 
 def hidden_by_known_fixes(scenario, mutant_id: str) -> bool | None:

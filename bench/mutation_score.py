@@ -73,10 +73,11 @@ def hunt(mutant: str, generator: str, seed: int, max_time: float, base: str | No
         if mutant == "none":  # the control has no planted bug to confirm: any finding is a false positive
             return {**row, "killed": True}
         from mambafuzz.store.corpus import load_case
-        from mambafuzz.tools.mutation.kills import confirms_kill
+        from mambafuzz.tools.mutation.kills import confirms_finding
 
         with CONFIRM_LOCK:  # patching vLLM is process-wide: two confirmations at once undo each other
-            ok, why = confirms_kill(load_case(files[0]).scenario, "fixed", mutant, meta["signature"])
+            # an efficiency-gate finding (--base) is confirmed on its figures, the others by the oracles
+            ok, why = confirms_finding(load_case(files[0]).scenario, mutant, meta["signature"])
         return {**row, "killed": ok, "confirmation": why, "unconfirmed": not ok}
 
 

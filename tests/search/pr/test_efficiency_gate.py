@@ -82,18 +82,19 @@ def test_allow_efficiency_needs_a_base(capsys):
     assert "--allow-efficiency" in err and len(err.strip().splitlines()) == 1
 
 
-def test_the_mutation_run_confirms_a_gate_kill_by_replaying_both_sides():
-    """bench/mutation_run.py --base: an efficiency_regression kills a mutant only when replaying the
-    case with and without it gives exactly the filed figures."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-    import mutation_run
+def test_a_gate_kill_is_confirmed_by_replaying_both_sides():
+    """bench/mutation_run.py and bench/mutation_score.py --base (kills.confirms_finding): an
+    efficiency_regression kills a mutant only when replaying the case with and without it gives
+    exactly the filed figures; any other signature goes to the oracles' replay."""
+    from mambafuzz.tools.mutation import kills
 
-    ok, why = mutation_run.confirms_regression(RESEND, "resource_prompt_checkpoint_evicted",
-                                               "efficiency_regression:hits+steps")
+    ok, why = kills.confirms_finding(RESEND, "resource_prompt_checkpoint_evicted", "efficiency_regression:hits+steps")
     assert ok and "here vs" in why
-    ok, why = mutation_run.confirms_regression(RESEND, "resource_prompt_checkpoint_evicted",
-                                               "efficiency_regression:blocks")
+    ok, why = kills.confirms_finding(RESEND, "resource_prompt_checkpoint_evicted", "efficiency_regression:blocks")
     assert not ok and "filed efficiency_regression:blocks" in why
+    ok, why = kills.confirms_finding(RESEND, "resource_prompt_checkpoint_evicted", "slot_hash:short/chunk-end")
+    assert not ok and why == kills.confirms_kill(RESEND, "fixed", "resource_prompt_checkpoint_evicted",
+                                                 "slot_hash:short/chunk-end")[1]
 
 
 def test_the_base_process_judges_as_the_conform_target_when_asked():
