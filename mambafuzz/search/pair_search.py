@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 FRESH_SHARE = 0.3  # inputs drawn fresh (the random generator's distribution), the rest mutated
@@ -73,7 +74,7 @@ class PairSearch:
         return self.rng.choices(self.pool, weights=self._weights)[0]
 
 
-def mutate(data: bytes, rng: random.Random, pool: list[Kept] = ()) -> bytes:
+def mutate(data: bytes, rng: random.Random, pool: Sequence[Kept] = ()) -> bytes:
     """One to three stacked byte-level changes (libFuzzer's havoc, reduced): overwrite, nudge,
     insert, erase, truncate, or splice with another kept input. Never empty, at most MAX_LEN."""
     out = bytearray(data or rng.randbytes(1))
