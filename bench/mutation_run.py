@@ -74,13 +74,14 @@ def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: f
         meta = json.loads(files[0].read_text())["finding"]
         row.update(signature=meta["signature"], seconds=meta["origin"].get("seconds"),
                    execs=meta["origin"].get("execs"))
+        from mambafuzz.search.pr import efficiency_gate  # imports vLLM: only once a finding is confirmed
         from mambafuzz.store.corpus import load_case
 
         case = load_case(files[0])
         with LOCK:
-            ok, why = kills.confirms_finding(case.scenario, mutant_id, meta["signature"])
+            ok, why = efficiency_gate.confirms_finding(case.scenario, mutant_id, meta["signature"])
             # the oracles' replay says nothing of a gate kill (its figures need the base): not applicable
-            gate = meta["signature"].startswith(kills.EFFICIENCY_GATE)
+            gate = meta["signature"].startswith(f"{efficiency_gate.KIND}:")
             hidden = hidden_by_known_fixes(case.scenario, mutant_id) if ok and not gate else None
         status = "killed" if ok else "unconfirmed"
         if keep:

@@ -72,8 +72,8 @@ def hunt(mutant: str, generator: str, seed: int, max_time: float, base: str | No
                    execs=meta["origin"].get("execs"))
         if mutant == "none":  # the control has no planted bug to confirm: any finding is a false positive
             return {**row, "killed": True}
+        from mambafuzz.search.pr.efficiency_gate import confirms_finding
         from mambafuzz.store.corpus import load_case
-        from mambafuzz.tools.mutation.kills import confirms_finding
 
         with CONFIRM_LOCK:  # patching vLLM is process-wide: two confirmations at once undo each other
             # an efficiency-gate finding (--base) is confirmed on its figures, the others by the oracles

@@ -79,3 +79,31 @@ def gated_judge(split: str, base, allowed: frozenset[str] = frozenset()) -> Judg
 
     return Judge(split, verdict, lambda path, sig: f"mambafuzz repro {path} --split {split}"
                  + (f" --base {base.where}" if sig.startswith(KIND) else ""))
+
+
+# ---- confirming a mutant's kill (bench/mutation_run.py, bench/mutation_score.py) ----------------------
+def confirms_regression(scenario: Scenario, mutant: str, signature: str) -> tuple[bool, str]:
+    """A gate finding kills the mutant `mutant` (generated or planted;
+    mambafuzz.tools.mutation.planting) when the mutant's figures are worse than the unmutated vLLM's
+    on the case in exactly the figures `signature` names, both replayed here. The oracles' replay
+    (`kills.confirms_kill`) cannot see a gate finding: its figures need a base."""
+    from mambafuzz.sim import patching
+    from mambafuzz.tools.mutation import planting
+
+    theirs = figures_of(scenario, "fixed")
+    with patching.applied(planting.patches(mutant)):
+        ours = figures_of(scenario, "fixed")
+    gap = regression(ours, theirs)
+    if gap is not None and gap.signature == signature:
+        return True, gap.message
+    return False, f"replayed: {gap.signature if gap else 'no regression'} (filed {signature})"
+
+
+def confirms_finding(scenario: Scenario, mutant: str, signature: str) -> tuple[bool, str]:
+    """Whether a `--split fixed` campaign's finding (PR mode or not) kills the mutant: a gate finding
+    on its figures (`confirms_regression`), any other by the oracles' replay (`kills.confirms_kill`)."""
+    from mambafuzz.tools.mutation import kills
+
+    if signature.startswith(f"{KIND}:"):
+        return confirms_regression(scenario, mutant, signature)
+    return kills.confirms_kill(scenario, "fixed", mutant, signature)

@@ -37,34 +37,6 @@ def confirms_kill(scenario, split: str, name: str, signature: str | None = None)
     return True, f"fails with the mutant ({with_bug.primary.signature}), clean without"
 
 
-EFFICIENCY_GATE = "efficiency_regression:"  # the PR job's efficiency findings (mambafuzz.search.pr.efficiency_gate)
-
-
-def confirms_finding(scenario, name: str, signature: str) -> tuple[bool, str]:
-    """Whether a filed finding of a `--split fixed` campaign (PR mode or not) kills the mutant
-    `name`: `confirms_regression` for an efficiency-gate finding, else `confirms_kill`."""
-    if signature.startswith(EFFICIENCY_GATE):
-        return confirms_regression(scenario, name, signature)
-    return confirms_kill(scenario, "fixed", name, signature)
-
-
-def confirms_regression(scenario, mutant_id: str, signature: str) -> tuple[bool, str]:
-    """`confirms_kill` for a PR-mode efficiency-gate finding (`efficiency_regression:*`, which the
-    oracles' replay cannot see: its figures need a base): it kills the mutant (generated or planted)
-    when the mutant's figures are worse than the unmutated vLLM's on the case in exactly the figures
-    the signature names (both replayed here)."""
-    from mambafuzz.search.pr import efficiency_gate
-    from mambafuzz.sim import patching
-
-    theirs = efficiency_gate.figures_of(scenario, "fixed")
-    with patching.applied(planting.patches(mutant_id)):
-        ours = efficiency_gate.figures_of(scenario, "fixed")
-    gap = efficiency_gate.regression(ours, theirs)
-    if gap is not None and gap.signature == signature:
-        return True, gap.message
-    return False, f"replayed: {gap.signature if gap else 'no regression'} (filed {signature})"
-
-
 def hidden_by_known_fixes(scenario, mutant_id: str, known_dirs: Sequence[Path]) -> bool | None:
     """Is this finding clean with the mutant plus every known fix under `known_dirs` (what
     `--with-known-fixes` runs)? A fix that does not apply on top of the mutant is skipped, as the

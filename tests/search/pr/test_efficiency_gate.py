@@ -83,16 +83,17 @@ def test_allow_efficiency_needs_a_base(capsys):
 
 
 def test_a_gate_kill_is_confirmed_by_replaying_both_sides():
-    """bench/mutation_run.py and bench/mutation_score.py --base (kills.confirms_finding): an
+    """bench/mutation_run.py and bench/mutation_score.py --base (efficiency_gate.confirms_finding): an
     efficiency_regression kills a mutant only when replaying the case with and without it gives
     exactly the filed figures; any other signature goes to the oracles' replay."""
+    from mambafuzz.search.pr.efficiency_gate import confirms_finding
     from mambafuzz.tools.mutation import kills
 
-    ok, why = kills.confirms_finding(RESEND, "resource_prompt_checkpoint_evicted", "efficiency_regression:hits+steps")
+    ok, why = confirms_finding(RESEND, "resource_prompt_checkpoint_evicted", "efficiency_regression:hits+steps")
     assert ok and "here vs" in why
-    ok, why = kills.confirms_finding(RESEND, "resource_prompt_checkpoint_evicted", "efficiency_regression:blocks")
+    ok, why = confirms_finding(RESEND, "resource_prompt_checkpoint_evicted", "efficiency_regression:blocks")
     assert not ok and "filed efficiency_regression:blocks" in why
-    ok, why = kills.confirms_finding(RESEND, "resource_prompt_checkpoint_evicted", "slot_hash:short/chunk-end")
+    ok, why = confirms_finding(RESEND, "resource_prompt_checkpoint_evicted", "slot_hash:short/chunk-end")
     assert not ok and why == kills.confirms_kill(RESEND, "fixed", "resource_prompt_checkpoint_evicted",
                                                  "slot_hash:short/chunk-end")[1]
 
