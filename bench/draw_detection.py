@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     from mambafuzz.sim import patching
     from mambafuzz.tools.mutation import planted, planting
 
-    draw = getattr(generate, args.draw, None)
-    if not args.draw.startswith("_draw_") or not callable(draw):
-        print(f"draw_detection: mambafuzz.model.generate has no draw {args.draw!r}", file=sys.stderr)
+    if args.draw not in generate.LATE_DRAWS:
+        print(f"draw_detection: {args.draw!r} is not one of the generator's late draws "
+              f"({', '.join(generate.LATE_DRAWS)})", file=sys.stderr)
         return 2
     names = args.mutants or sorted(planted.MUTANTS)
     unknown = [n for n in names if n not in planted.MUTANTS and not n.startswith("mm:")]
@@ -61,18 +61,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # the late draws after it read another part of the input once it is off: left out of both runs,
     # so the two differ by the draw alone
-    later = generate.draws_from(args.draw)[1:] if args.draw in generate.LATE_DRAWS else ()
-    saved = {name: getattr(generate, name) for name in (args.draw, *later)}
+    later = generate.draws_from(args.draw)[1:]
 
     def drawn(seed: int, with_draw: bool):
-        for name in later:
-            setattr(generate, name, lambda src, scenario: None)
-        setattr(generate, args.draw, draw if with_draw else (lambda src, scenario: None))
-        try:
+        first = (later[0] if later else None) if with_draw else args.draw
+        with generate.late_draws_left_out(first):
             return generate.random_scenario(random.Random(seed))
-        finally:
-            for name, fn in saved.items():
-                setattr(generate, name, fn)
 
     if args.cost:
         spent = {True: 0.0, False: 0.0}

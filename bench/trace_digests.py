@@ -36,14 +36,8 @@ def inputs(generated: int, continuations: bool = False):
     scenarios a tree before them drew."""
     from mambafuzz.model import generate
 
-    revisions = {name: getattr(generate, name) for name in generate.draws_from("_draw_load_burst")}
-    for name in revisions:
-        setattr(generate, name, lambda src, scenario: None)
-    try:
+    with generate.late_draws_left_out("_draw_load_burst"):
         yield from _inputs(generated, continuations)
-    finally:
-        for name, draw in revisions.items():
-            setattr(generate, name, draw)
 
 
 def _inputs(generated: int, continuations: bool = False):

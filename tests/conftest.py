@@ -37,11 +37,9 @@ def drawn_with_and_without(draw: str, seeds) -> tuple[list, list]:
     from mambafuzz.model import generate
 
     after = generate.draws_from(draw)[1:]
-    with pytest.MonkeyPatch.context() as mp:
-        if after:
-            leave_out_draws(mp, after[0])
+    with generate.late_draws_left_out(after[0] if after else None):
         drawn = [generate.random_scenario(random.Random(seed)) for seed in seeds]
-        leave_out_draws(mp, draw)
+    with generate.late_draws_left_out(draw):
         before = [generate.random_scenario(random.Random(seed)) for seed in seeds]
     return drawn, before
 

@@ -14,8 +14,10 @@ any particular bug.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
+from collections.abc import Iterator
 from typing import Protocol
 
 from mambafuzz.model.architectures import ARCHITECTURES, DEFAULT_MODEL
@@ -241,6 +243,25 @@ def draws_from(name: str) -> tuple[str, ...]:
     """`name` and every late draw after it: what a caller leaves out to get the scenarios drawn before
     `name` existed (each later draw would otherwise read another part of the input)."""
     return LATE_DRAWS[LATE_DRAWS.index(name):]
+
+
+@contextlib.contextmanager
+def late_draws_left_out(first: str | None) -> Iterator[None]:
+    """Inside the block, `first` and every late draw after it (`draws_from`) draw nothing, for every
+    way a scenario is drawn (a seed, bytes, Hypothesis): the scenarios a tree before `first` drew.
+    For the benches and tests that measure one draw's effect; None leaves nothing out. Restored on
+    exit."""
+    module = globals()
+    saved = {name: module[name] for name in (draws_from(first) if first is not None else ())}
+    module.update(dict.fromkeys(saved, _no_draw))
+    try:
+        yield
+    finally:
+        module.update(saved)
+
+
+def _no_draw(src: Source, scenario: Scenario) -> None:
+    """A late draw left out (`late_draws_left_out`)."""
 
 
 def _draw_prefix_cache_resets(src: Source, scenario: Scenario) -> None:

@@ -68,3 +68,25 @@ def test_a_generated_burst_shows_the_planted_async_load_spec_deadlock():
     assert ok, why
     ok, why = kills.confirms_kill(before[0], "fixed", "deadlock_async_load_spec_slots_both")
     assert not ok, why
+
+
+def test_leaving_late_draws_out_covers_every_source_and_restores_them():
+    """generate.late_draws_left_out: inside, the draw and every one after it draw nothing, for a seed
+    and for bytes alike (the decoders share draw_scenario); outside, the generator is whole again."""
+    import random
+
+    from mambafuzz.model import generate
+
+    seeds = range(200)
+    whole = [generate.random_scenario(random.Random(seed)) for seed in seeds]
+    raw = [random.Random(seed).randbytes(96) for seed in seeds]
+    whole_raw = [generate.scenario_from_bytes(data) for data in raw]
+    with generate.late_draws_left_out("_draw_load_burst"):
+        assert all(getattr(generate, name) is generate._no_draw for name in generate.draws_from("_draw_load_burst"))
+        cut = [generate.random_scenario(random.Random(seed)) for seed in seeds]
+        cut_raw = [generate.scenario_from_bytes(data) for data in raw]
+    assert cut != whole and cut_raw != whole_raw
+    assert whole == [generate.random_scenario(random.Random(seed)) for seed in seeds]
+    assert whole_raw == [generate.scenario_from_bytes(data) for data in raw]
+    with generate.late_draws_left_out(None):
+        assert whole == [generate.random_scenario(random.Random(seed)) for seed in seeds]
