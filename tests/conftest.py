@@ -20,15 +20,6 @@ def pytest_configure(config):
 from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario  # noqa: E402
 
 
-def leave_out_draws(monkeypatch, first: str) -> None:
-    """Leave the generator's late draw `first` and every one after it out (mambafuzz.model.generate
-    LATE_DRAWS): the scenarios an input gave before `first` existed."""
-    from mambafuzz.model import generate
-
-    for name in generate.draws_from(first):
-        monkeypatch.setattr(generate, name, lambda src, scenario: None)
-
-
 def drawn_with_and_without(draw: str, seeds) -> tuple[list, list]:
     """The random generator's scenarios for `seeds` with the late draw `draw` and without it, the late
     draws after it left out of both: the two lists differ by `draw` alone."""

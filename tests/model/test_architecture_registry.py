@@ -18,7 +18,6 @@ from mambafuzz.model.scenario import (
     validate,
 )
 from mambafuzz.search import minimizer
-from tests.conftest import leave_out_draws
 
 
 def _scenario(**engine) -> Scenario:
@@ -88,13 +87,13 @@ def test_pool_sizing_counts_the_models_mamba_groups():
 def test_model_is_the_generators_last_draw(monkeypatch):
     """Every field but the model decodes as it did before the knob: the draw comes after all others
     but the ones added since (generate.LATE_DRAWS), left out of both runs here."""
-    leave_out_draws(monkeypatch, "_draw_continuations")
-    drawn = [generate.random_scenario(random.Random(seed)) for seed in range(60)]
-    assert {s.engine.model for s in drawn} - {arch.DEFAULT_MODEL}, "the generator never draws another model"
-    monkeypatch.setattr(generate, "draw_model", lambda src, scenario: arch.DEFAULT_MODEL)
-    for seed, s in enumerate(drawn):
-        s.engine.model = arch.DEFAULT_MODEL
-        assert s == generate.random_scenario(random.Random(seed))
+    with generate.late_draws_left_out("_draw_continuations"):
+        drawn = [generate.random_scenario(random.Random(seed)) for seed in range(60)]
+        assert {s.engine.model for s in drawn} - {arch.DEFAULT_MODEL}, "the generator never draws another model"
+        monkeypatch.setattr(generate, "draw_model", lambda src, scenario: arch.DEFAULT_MODEL)
+        for seed, s in enumerate(drawn):
+            s.engine.model = arch.DEFAULT_MODEL
+            assert s == generate.random_scenario(random.Random(seed))
 
 
 def test_drawn_models_suit_the_config():

@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 
-import pytest
-
-from mambafuzz.model import generate
 from mambafuzz.model.scenario import (
     MAX_PRIORITY,
     EngineConfig,
@@ -24,7 +20,7 @@ from mambafuzz.model.scenario import (
 )
 from mambafuzz.search import minimizer
 from mambafuzz.sim.engine import harness
-from tests.conftest import leave_out_draws
+from tests.conftest import drawn_with_and_without
 
 
 def _two(policy: str = "priority", priorities=(1, 0), pool_extra: int | None = None) -> Scenario:
@@ -40,11 +36,7 @@ def _two(policy: str = "priority", priorities=(1, 0), pool_extra: int | None = N
 def test_priorities_are_the_generators_last_draw():
     """Resetting the policy and priorities gives exactly the scenario the same input gave before the knob;
     about a sixth of the multi-request scenarios are drawn under priority, each priority in [0, 3]."""
-    with pytest.MonkeyPatch.context() as mp:
-        leave_out_draws(mp, "_draw_load_burst")  # the draws after the priorities: left out of both runs
-        drawn = [generate.random_scenario(random.Random(seed)) for seed in range(300)]
-        leave_out_draws(mp, "_draw_priorities")
-        before = [generate.random_scenario(random.Random(seed)) for seed in range(300)]
+    drawn, before = drawn_with_and_without("_draw_priorities", range(300))  # later draws left out of both
     under = [s for s in drawn if s.engine.scheduling_policy == "priority"]
     assert 25 <= len(under) <= 75
     assert all(len(s.requests) > 1 and all(0 <= r.priority <= 3 for r in s.requests) for s in under)

@@ -12,7 +12,7 @@ from mambafuzz.model.generate import random_scenario
 from mambafuzz.model.scenario import EngineConfig, RequestSpec, Scenario, ScenarioError, validate
 from mambafuzz.model.step_plan import DONE, StepPlan
 from mambafuzz.search import minimizer
-from tests.conftest import leave_out_draws
+from tests.conftest import drawn_with_and_without
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -132,12 +132,8 @@ def test_the_generator_draws_chains_and_retries_and_keeps_every_other_draw():
 def test_the_links_are_drawn_last():
     """Unlinking a generated scenario gives exactly the scenario the same input gave before."""
 
-    for seed in range(60):
-        with pytest.MonkeyPatch.context() as mp:
-            leave_out_draws(mp, "_draw_connector")  # the draws after the links: left out of both runs
-            s = random_scenario(random.Random(seed))
-            leave_out_draws(mp, "_draw_continuations")
-            before = random_scenario(random.Random(seed))
+    drawn, unlinked = drawn_with_and_without("_draw_continuations", range(60))  # later draws left out of both
+    for seed, (s, before) in enumerate(zip(drawn, unlinked)):
         for r in s.requests:
             r.continues = r.continue_outputs = None
         assert s == before, seed
