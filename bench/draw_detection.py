@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from mambafuzz.checks.pipeline import evaluate
     from mambafuzz.model import generate
-    from mambafuzz.model.scenario import ScenarioError, validate
+    from mambafuzz.model.scenario import validate
     from mambafuzz.sim import patching
     from mambafuzz.tools.mutation import planted, planting
 
@@ -74,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             pair = {}
             for flag in (True, False):
                 s = drawn(seed, flag)
-                try:
-                    validate(s)
-                except ScenarioError:
+                if validate(s):  # its problems (it raises nothing): the fuzzer skips such a draw
                     continue
                 pair[flag] = s
                 evaluate(s, "fixed", efficiency=False)  # untimed: the configs either one builds are cached now
@@ -96,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         changed += 1
         for flag, s in pair.items():
-            try:
-                validate(s)
-            except ScenarioError:
+            if validate(s):
                 continue
             valid += 1
             clean = signatures(s, None)
