@@ -65,7 +65,7 @@ def campaign(mutant_id: str, generator: str, max_time: float, minimize_budget: f
         row["wall"] = round(time.monotonic() - start, 1)
         if proc.returncode in INTERRUPTED:
             return {**row, "status": "interrupted"}
-        if proc.returncode == 3:
+        if proc.returncode not in (0, 1):  # 3: a tool error; 2: a usage error; no campaign ran either way
             tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [""])[-1]
             return {**row, "status": "tool-error", "why": tail[:300]}
         files = sorted(Path(tmp, "findings").glob("*.json"))
@@ -212,6 +212,15 @@ def main() -> int:
     if args.fork_server and args.base:
         print("mutation_run: --base runs each campaign as `fuzz --base`; the fork server does not", file=sys.stderr)
         return 2
+    if args.base:
+        from mambafuzz.exit_codes import UsageError
+        from mambafuzz.search.pr.base_process import check_where  # imports no vLLM
+
+        try:
+            check_where(args.base)
+        except UsageError as exc:
+            print(f"mutation_run: {exc}", file=sys.stderr)
+            return 2
     if args.fork_server and args.generator != "random":
         print("mutation_run: --fork-server runs generators with their own loop only (random); libFuzzer "
               "re-executes its target", file=sys.stderr)

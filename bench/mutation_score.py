@@ -9,7 +9,7 @@ planted), as FuzzBench and Magma attribute bugs. Known upstream behaviours are e
 their candidate fixes (`--known corpus/regressions corpus/upstream`: a finding a known fix
 explains is a duplicate, and the hunt goes on). A first finding that does not confirm the
 planted bug is `unconfirmed` and the hunt counts as not found. A campaign that ends with a
-tool error (exit 3) is `tool-error`, never a kill.
+tool error (exit 3, or 2 for arguments `fuzz` refuses) is `tool-error`, never a kill.
 
     python bench/mutation_score.py [--generators atheris hypothesis random] [--seeds 5]
         [--max-time 30] [--mutants NAME ...] [--parallel 2] [--base installed] [--jsonl OUT.jsonl]
@@ -61,7 +61,7 @@ def hunt(mutant: str, generator: str, seed: int, max_time: float, base: str | No
         row["wall"] = round(time.monotonic() - start, 1)
         if proc.returncode in INTERRUPTED:  # stopped from outside: no result, and nothing to record
             return {**row, "interrupted": True}
-        if proc.returncode == 3:
+        if proc.returncode not in (0, 1):  # 3: a tool error; 2: a usage error; no campaign ran either way
             tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [""])[-1]
             return {**row, "tool_error": tail[:300]}
         files = sorted(Path(tmp, "findings").glob("*.json"))
@@ -156,6 +156,15 @@ def main() -> int:
         print(f"mutation_score: bad arguments: unknown mutants {unknown}" if unknown
               else "mutation_score: --seeds, --max-time and --parallel must be positive", file=sys.stderr)
         return 2
+    if args.base:
+        from mambafuzz.exit_codes import UsageError
+        from mambafuzz.search.pr.base_process import check_where  # imports no vLLM
+
+        try:
+            check_where(args.base)
+        except UsageError as exc:
+            print(f"mutation_score: {exc}", file=sys.stderr)
+            return 2
     done: list[dict] = []
     if args.jsonl and Path(args.jsonl).exists():
         done = [json.loads(line) for line in Path(args.jsonl).read_text().splitlines() if line.strip()]

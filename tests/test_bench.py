@@ -96,3 +96,36 @@ def test_draw_detection_compares_the_same_seeds_with_and_without_a_draw(capsys):
     assert draw_detection.main(["--draw", "_draw_nothing"]) == 2
     assert draw_detection.main(["--mutants", "no_such_bug"]) == 2
     assert "unknown planted bug" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bench, args", [
+    ("mutation_score", ["--mutants", "resource_state_freed_late", "--seeds", "1"]),
+    ("mutation_run", ["--targets", "split", "--mutants", "mm:Scheduler._mamba_block_aligned_split:0"]),
+])
+def test_the_mutation_benches_refuse_a_base_that_names_no_vllm_in_one_line(bench, args):
+    """A --base `fuzz` would refuse is the bench's usage error, not a run whose campaigns all end at
+    once and read as survivors."""
+    out = subprocess.run([sys.executable, f"bench/{bench}.py", *args, "--base", "/nonexistent"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    err = [line for line in out.stderr.splitlines() if not line.startswith("Triton")]
+    assert err == [f"{bench}: --base /nonexistent: not 'installed' nor a directory holding vllm/ "
+                   "(make one with ci/pr-overlay)"], err
+
+
+def test_a_campaign_fuzz_refuses_is_a_tool_error_for_the_mutation_benches(monkeypatch):
+    """Exit 2 (a usage error) from `fuzz` means no campaign ran: a tool error, never a survivor."""
+    import subprocess as sp
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import mutation_run
+        import mutation_score
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    refused = sp.CompletedProcess([], 2, "", "mambafuzz: --base x: not 'installed'\n")
+    monkeypatch.setattr(mutation_score.subprocess, "run", lambda *a, **k: refused)
+    monkeypatch.setattr(mutation_run.subprocess, "run", lambda *a, **k: refused)
+    row = mutation_score.hunt("resource_state_freed_late", "random", 1, 5.0, "x")
+    assert row["tool_error"] == "mambafuzz: --base x: not 'installed'" and not row["killed"]
+    assert mutation_run.campaign("mm:Scheduler._mamba_block_aligned_split:0", "random", 5.0, 5.0, None)["status"] == "tool-error"
