@@ -64,20 +64,17 @@ def _reload(search, corpus: Path, config: WorkerConfig, reached: list) -> None:
     """The byte inputs an earlier campaign kept in `corpus` go back into the search: each is run
     once with prefix caching (no oracle: the replay judges it) for the features it reaches, as
     libFuzzer loads its corpus before mutating. Scenario files are left to the replay."""
-    from mambafuzz.model.generate import scenario_from_bytes
-    from mambafuzz.model.inputs import decode_json_case, iter_input_files
-    from mambafuzz.model.scenario import ScenarioError, validate, with_runner, with_scheduling
+    from mambafuzz.model.inputs import decode_input, decode_json_case, iter_input_files
+    from mambafuzz.model.scenario import ScenarioError, with_runner, with_scheduling
     from mambafuzz.sim.engine import harness
 
     for _, data in iter_input_files([corpus], {}, warn=lambda _: None):  # the replay warns about junk
-        if decode_json_case(data) is not None:
+        scenario = decode_input(data) if decode_json_case(data) is None else None  # as the replay decodes it
+        if scenario is None:
             continue
         reached.clear()
         try:
-            scenario = with_scheduling(with_runner(scenario_from_bytes(data), config.runner), config.scheduling)
-            if validate(scenario):
-                continue
-            harness.run(scenario)
+            harness.run(with_scheduling(with_runner(scenario, config.runner), config.scheduling))
         except ScenarioError:
             continue
         if reached:
