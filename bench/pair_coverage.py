@@ -21,7 +21,6 @@ asserted; the figures go to bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import random
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from mambafuzz.model.scenario import ScenarioError, validate
 from mambafuzz.search.state_coverage import EVENTS, KNOBS, dimensions
+from mambafuzz.search.state_coverage import pairs as pairs_of
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             search.observe(data, features(have))
         runs += 1
         dims.update(have)
-        pairs.update(itertools.combinations(have, 2))
+        pairs.update(pairs_of(have))
         if runs % 100 == 0:
             print(f"[{time.monotonic() - t0:6.1f}s] {runs} executions", file=sys.stderr)
     if not runs:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:34s} {dims[name]:6d}  {100 * dims[name] / runs:5.1f}%")
     if absent:
         print(f"  never: {', '.join(absent)}")
-    possible = list(itertools.combinations(names, 2))
+    possible = pairs_of(names)
     seen = [p for p in possible if pairs[p]]
     rare = [p for p in seen if pairs[p] < runs / 100]
     print(f"\npairs of the {len(names)} dimensions seen at least once: {len(possible)} possible, "
