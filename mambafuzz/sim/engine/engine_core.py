@@ -86,37 +86,30 @@ class BatchQueue:
         same position. With pipeline parallelism (V2 only) the batch a row's request was last in may
         be any of the in-flight ones (`decode_stagger` keeps it out of the next `stages - 1`), so
         every unapplied batch counts. Call it before `out`'s forward, while `out` is not queued.
-
-        A request `out` drops (preempted or resumed) or sends as new is a fresh request to the
-        worker from then on (V2 forgets it in `finish_requests` and adds it anew; V1 replaces its
-        state on resumption), so the drafts its earlier incarnation had rejected in batches still in
-        flight are forgotten here, for good: they never move the new incarnation's rows. Before
-        `reset_prefix_cache(reset_running_requests=True)` became an event, no request was scheduled
-        again while batches from before its preemption were in flight (vLLM skips it while its stale
-        output drains, scheduler.py:934-939); the reset drops that output instead, so it can be."""
+        The rule, including what a request dropped or sent as new forgets: `in_flight_corrections`."""
         pending = [b.rejected for b in self.in_flight if b.rejected]  # forwarded, not applied (apply pops them)
         if not pending:
             return {}
-        preempted = session.preempted(out)
-        fresh = preempted | resumed_req_ids(out) | {new.req_id for new in out.scheduled_new_reqs}
-        for rejected in pending:
-            for rid in fresh.intersection(rejected):
-                del rejected[rid]
-        return in_flight_corrections(pending, out, preempted)
+        return in_flight_corrections(pending, out, session.preempted(out))
 
 
 def in_flight_corrections(rejected_per_batch: list[dict[str, int]], out: Any, preempted: set[str]) -> dict[str, int]:
     """The rule of `BatchQueue.worker_corrections` on plain data (the runtime audit plugin keeps its
     own in-flight batches): the drafts each request had rejected in the batches still in flight
-    when `out` was scheduled, except for requests `out` drops (preempted or resumed)."""
+    when `out` was scheduled.
+
+    A request `out` drops (preempted or resumed) or sends as new is a fresh request to the worker
+    from then on (V2 forgets it in `finish_requests` and adds it anew; V1 replaces its state on
+    resumption), so the drafts its earlier incarnation had rejected are deleted from those batches'
+    dicts here, for good: they never move the new incarnation's rows. Before
+    `reset_prefix_cache(reset_running_requests=True)` became an event, no request was scheduled
+    again while batches from before its preemption were in flight (vLLM skips it while its stale
+    output drains, scheduler.py:934-939); the reset drops that output instead, so it can be."""
+    fresh = preempted | resumed_req_ids(out) | {new.req_id for new in out.scheduled_new_reqs}
     rejected: dict[str, int] = {}
     for batch in rejected_per_batch:
+        for rid in fresh.intersection(batch):
+            del batch[rid]
         for rid, n in batch.items():
             rejected[rid] = rejected.get(rid, 0) + n
-    if not rejected:
-        return {}
-    resumed = resumed_req_ids(out)
-    if not out.preempted_req_ids and not resumed:
-        return rejected
-    dropped = preempted | resumed
-    return {rid: n for rid, n in rejected.items() if rid not in dropped}
+    return rejected
